@@ -1,0 +1,1 @@
+"""The engine: one training loop, checkpoints, DDP, loggers. Nothing method-specific."""

@@ -1,0 +1,128 @@
+"""What the engine lends a flatness variant for one step: autocast, GradScaler, no_sync, BN policy.
+
+Keeping these here means no flatness variant or method re-implements mixed precision or DDP.
+"""
+
+from __future__ import annotations
+
+import random
+from contextlib import contextmanager, nullcontext
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Backprop:
+    def __init__(self, module: nn.Module, device: torch.device, precision: str = "fp32",
+                 grad_clip: float | None = None, ddp: DistributedDataParallel | None = None):
+        if precision not in PRECISIONS:
+            raise ValueError(f"trainer.precision must be one of {list(PRECISIONS)}, got {precision!r}")
+        self.module = module
+        self.ddp = ddp
+        self.device = device
+        self.dtype = PRECISIONS[precision]
+        self.grad_clip = grad_clip
+        self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+        self._bn = [m for m in self.module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+    # ---------------------------------------------------------------- passes
+    def forward(self, loss_fn, batch) -> torch.Tensor:
+        ctx = (torch.autocast(self.device.type, dtype=self.dtype) if self.dtype is not None
+               else nullcontext())
+        with ctx:
+            loss = loss_fn(batch)
+        return loss.float()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def no_sync(self):
+        """Inside: forward AND backward skip DDP's all-reduce (both must be inside, PITFALLS)."""
+        return self.ddp.no_sync() if self.ddp is not None else nullcontext()
+
+    @torch.no_grad()
+    def unscaled_grads(self, params) -> list[torch.Tensor]:
+        """Current gradients divided by the loss scale (zeros where a parameter got none)."""
+        inv = 1.0 / self.scaler.get_scale() if self.scaler is not None else None
+        out = []
+        for p in params:
+            g = torch.zeros_like(p) if p.grad is None else p.grad
+            out.append(g * inv if inv is not None else g)
+        return out
+
+    def step(self, optimizer: torch.optim.Optimizer, params=None) -> None:
+        """Optimiser step; gradient clipping acts on the final (second-pass) gradient only."""
+        if self.scaler is not None:
+            if self.grad_clip:
+                self.scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(self._params(optimizer), self.grad_clip)
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            if self.grad_clip:
+                torch.nn.utils.clip_grad_norm_(self._params(optimizer), self.grad_clip)
+            optimizer.step()
+
+    @staticmethod
+    def _params(optimizer):
+        return [p for g in optimizer.param_groups for p in g["params"]]
+
+    # ---------------------------------------------------------------- BatchNorm policy
+    @contextmanager
+    def bn_updates(self, enabled: bool):
+        """If not ``enabled``, the pass inside uses batch statistics but leaves running stats as they were."""
+        if enabled or not self._bn:
+            yield
+            return
+        saved = [(m, {k: b.clone() for k, b in m.named_buffers(recurse=False)}) for m in self._bn]
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for m, bufs in saved:
+                    for k, b in m.named_buffers(recurse=False):
+                        b.copy_(bufs[k])
+
+    # ---------------------------------------------------------------- RNG replay
+    def rng_state(self):
+        state = {"torch": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            state["cuda"] = torch.cuda.get_rng_state(self.device)
+        return state
+
+    def set_rng_state(self, state) -> None:
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state:
+            torch.cuda.set_rng_state(state["cuda"], self.device)
+
+    def state_dict(self) -> dict:
+        return {"scaler": self.scaler.state_dict() if self.scaler is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+
+
+def global_rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_global_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

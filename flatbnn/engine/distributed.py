@@ -1,0 +1,120 @@
+"""DDP plumbing: detection from torchrun's environment, samplers, gathering predictions.
+
+Single process never needs torchrun. Under torchrun (``WORLD_SIZE`` > 1) we init NCCL on GPUs and
+gloo on CPU. ``trainer.batch_size`` is the GLOBAL batch; each rank gets batch_size / world_size,
+so a 2-process run sees the same samples per step as a single process with the same global batch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DistributedSampler
+
+
+@dataclass
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def env_rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def init_distributed(device: torch.device) -> DistInfo:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistInfo()
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend)
+    return DistInfo(rank=dist.get_rank(), world_size=dist.get_world_size(),
+                    local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def resolve_device(spec: str) -> torch.device:
+    """``auto`` = this rank's GPU if there is one, else CPU."""
+    if spec == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cpu")
+    dev = torch.device(spec)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return dev
+
+
+def broadcast_object(obj, info: DistInfo):
+    if not info.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def all_reduce_sum(values: list[float], info: DistInfo, device: torch.device) -> list[float]:
+    if not info.enabled:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()
+
+
+def cleanup(info: DistInfo) -> None:
+    if info.enabled and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class ResumableSampler(DistributedSampler):
+    """``DistributedSampler`` (also used with one replica, so single-process and DDP runs draw the
+    same permutation) that can skip the first ``skip`` samples of this rank's shard once -- the
+    sampler position that makes a mid-epoch resume exact."""
+
+    def __init__(self, dataset, num_replicas: int, rank: int, shuffle: bool, seed: int):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed,
+                         drop_last=False)
+        self.skip = 0
+
+    def __iter__(self):
+        indices = list(super().__iter__())
+        skip, self.skip = self.skip, 0
+        return iter(indices[skip:])
+
+    def __len__(self) -> int:
+        return self.num_samples - self.skip
+
+
+def eval_sampler(dataset, info: DistInfo):
+    if not info.enabled:
+        return None
+    return DistributedSampler(dataset, num_replicas=info.world_size, rank=info.rank, shuffle=False)
+
+
+def gather_shards(local: torch.Tensor, n_total: int, info: DistInfo, device: torch.device) -> torch.Tensor:
+    """Inverse of ``DistributedSampler(shuffle=False)``: rank r holds indices r, r+W, ...;
+    returns the full [n_total, ...] tensor in dataset order on every rank."""
+    if not info.enabled:
+        return local
+    t = local.to(device)
+    parts = [torch.empty_like(t) for _ in range(info.world_size)]
+    dist.all_gather(parts, t)
+    stacked = torch.stack(parts, dim=1)  # [per_rank, world, ...] -> row j*W + r
+    return stacked.reshape(-1, *t.shape[1:])[:n_total].cpu()

@@ -1,0 +1,134 @@
+"""The method seam: *what is done* with the gradient a flatness variant computed.
+
+A ``Method`` owns the parameters it trains, its optimiser and scheduler, any posterior state
+(moments, samples, members, mu/sigma), its checkpoint state, and ``predict`` -- a generator of
+per-posterior-sample log-probabilities that the one evaluation routine turns into metrics.
+The engine calls ``setup`` once, ``train_step`` per batch and ``on_epoch_end`` per epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class RunContext:
+    """What the engine hands a method at setup."""
+
+    model: nn.Module                 # forward module (possibly DDP-wrapped / compiled)
+    module: nn.Module                # the raw backbone (for state, sampling weights)
+    device: torch.device
+    n_train: int                     # training-set size N (KL/posterior scaling)
+    steps_per_epoch: int
+    epochs: int
+    optimizer_factory: Callable      # params -> torch.optim.Optimizer
+    scheduler_factory: Callable | None  # (optimizer, total_steps, steps_per_epoch) -> LRScheduler
+    label_smoothing: float = 0.0
+    rank: int = 0
+    world_size: int = 1
+    generator: torch.Generator | None = None  # per-rank noise (SGLD, VI, bSAM), seeded by the engine
+    channels_last: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+class Method:
+    name = "base"
+
+    def __init__(self, num_samples: int = 1):
+        self.num_samples = int(num_samples)
+        self.ctx: RunContext | None = None
+        self.optimizer = None
+        self.scheduler = None
+        self._correct = torch.zeros(())
+        self._seen = 0
+        self._record = False
+
+    # ---------------------------------------------------------------- lifecycle
+    def setup(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.model = ctx.model
+        self.module = ctx.module
+        self.optimizer = ctx.optimizer_factory(self.parameters())
+        if ctx.scheduler_factory is not None:
+            self.scheduler = ctx.scheduler_factory(
+                self.optimizer, total_steps=ctx.epochs * ctx.steps_per_epoch,
+                steps_per_epoch=ctx.steps_per_epoch)
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    def train(self) -> None:
+        self.model.train()
+
+    def on_epoch_end(self, epoch: int) -> None:
+        """Hook for posterior collection (SWAG moments, SGLD samples, ...)."""
+
+    # ---------------------------------------------------------------- training
+    def loss_fn(self, batch) -> torch.Tensor:
+        """Mean NLL over the batch (forward only). Records train accuracy on the first call of a step."""
+        x, y = batch
+        logits = self.model(x)
+        if self._record:
+            self._correct = self._correct + (logits.argmax(1) == y).sum().detach().cpu()
+            self._seen += y.numel()
+            self._record = False
+        return F.cross_entropy(logits.float(), y, label_smoothing=self.ctx.label_smoothing)
+
+    def train_step(self, batch, flatness, backprop) -> dict:
+        self.optimizer.zero_grad(set_to_none=True)
+        self._record = True
+        loss = flatness.gradient(self.parameters(), self.loss_fn, batch, backprop)
+        backprop.step(self.optimizer)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return {"loss": loss}
+
+    def pop_train_accuracy(self) -> tuple[float, int]:
+        """(correct, seen) since the last call; the engine all-reduces these."""
+        out = (float(self._correct), self._seen)
+        self._correct, self._seen = torch.zeros(()), 0
+        return out
+
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # ---------------------------------------------------------------- prediction
+    @torch.no_grad()
+    def forward_log_probs(self, module: nn.Module, loader) -> torch.Tensor:
+        """log-softmax of ``module`` over ``loader`` (in loader order), on the CPU, float32."""
+        out = []
+        for x, _ in loader:
+            x = x.to(self.ctx.device, non_blocking=True)
+            if self.ctx.channels_last and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            out.append(torch.log_softmax(module(x).float(), dim=1).cpu())
+        return torch.cat(out)
+
+    def predict(self, loaders: dict, num_samples: int | None = None) -> Iterator[dict[str, torch.Tensor]]:
+        """Yield, per posterior sample, ``{set name: [N, C] log-probabilities}`` for every loader.
+
+        One weight sample serves all sets (test, OOD, corruptions), so their metrics are coherent.
+        """
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        return {
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+
+    def describe(self) -> dict:
+        return {"name": self.name, "num_samples": self.num_samples}

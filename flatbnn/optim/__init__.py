@@ -1,0 +1,1 @@
+"""Learning-rate schedules (per step). Optimisers themselves are torch.optim classes via Hydra."""

@@ -1,0 +1,25 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+
+def real_cifar10_path() -> Path | None:
+    p = Path(os.environ.get("FLATBNN_CIFAR10", REPO.parent / "shared" / "data" / "cifar10_jpeg.tar.gz"))
+    return p if p.exists() else None
+
+
+@pytest.fixture
+def cifar10_archive():
+    p = real_cifar10_path()
+    if p is None:
+        if os.environ.get("FLATBNN_REQUIRE_REAL_DATA") == "1":
+            pytest.fail("real CIFAR-10 archive required (FLATBNN_REQUIRE_REAL_DATA=1) but not found; set FLATBNN_CIFAR10")
+        pytest.skip("real CIFAR-10 archive not found; set FLATBNN_CIFAR10=/path/to/cifar10_jpeg.tar.gz")
+    return p

@@ -30,5 +30,8 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
 
+bench: setup
+	$(PY) scripts/benchmark.py
+
 clean-outputs:
 	rm -rf outputs multirun

@@ -151,3 +151,22 @@ def test_wandb_logger_works_offline(tmp_path):
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert runs, p.stderr[-2000:]
     assert (tmp_path / "results.json").exists() and (tmp_path / "wandb_id.txt").exists()
+
+
+@pytest.mark.slow
+def test_multirun_sweep_and_aggregate(tmp_path):
+    """--multirun over flatness x seed, then scripts/aggregate.py builds the table from results.json files."""
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, str(REPO / "train.py"), "--multirun", *DIGITS, "flatness=none,sam", "seed=0,1",
+           "trainer.epochs=2", "trainer.progress=false", f"hydra.sweep.dir={sweep}"]
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=ENV, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert len(list(sweep.rglob("results.json"))) == 4
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "aggregate.py"), str(sweep),
+                          "--json", str(tmp_path / "rows.json")], capture_output=True, text=True, check=True)
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert [(r["flatness"], r["seeds"]) for r in rows] == [("none", [0, 1]), ("sam(rho=0.05)", [0, 1])]
+    per_run = [json.loads(f.read_text()) for f in sweep.rglob("results.json")]
+    sam_acc = [r["metrics"]["accuracy"] for r in per_run if r["meta"]["flatness"]["name"] == "sam"]
+    assert rows[1]["accuracy"][0] == pytest.approx(sum(sam_acc) / 2)
+    assert "| digits | mlp | map | sam(rho=0.05) |" in out.stdout

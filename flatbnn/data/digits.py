@@ -1,0 +1,95 @@
+"""scikit-learn's 8x8 handwritten digits (1,797 images, 10 classes; ships with scikit-learn).
+
+Pixels are 0..16, scaled to [0, 1] and normalised with the mean/std of the fixed training
+split. The 360-image test split is fixed (36 per class, RNG seed 0) and never depends on
+the run seed. No augmentation (``augment`` must be ``"none"``).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from flatbnn.data import DataBundle, check_expected, make_bundle, register_dataset, warn_unused
+from flatbnn.data.transforms import balanced_subset, check_augment
+
+NUM_CLASSES = 10
+INPUT_SHAPE = (1, 8, 8)
+NUM_TEST = 360
+SPLIT_SEED = 0  # fixed: the train/test split never changes
+SUBSET_SEED = 0  # fixed: train_subset/test_subset/val_split are the same for every run seed
+
+
+@lru_cache(maxsize=1)
+def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """All 1,797 images as uint8 ``[N, 8, 8]`` (values 0..16) and int64 labels."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "the 'digits' data set needs scikit-learn: pip install scikit-learn"
+        ) from e
+    d = load_digits()
+    images = np.asarray(d.images).round().astype(np.uint8)
+    labels = np.asarray(d.target).astype(np.int64)
+    images.setflags(write=False)
+    labels.setflags(write=False)
+    return images, labels
+
+
+def fixed_split() -> tuple[np.ndarray, np.ndarray]:
+    """``(train_idx, test_idx)`` into the 1,797 images: 360 test (36 per class), the rest train."""
+    _, labels = load_digits_arrays()
+    test_idx = balanced_subset(labels, NUM_TEST, seed=SPLIT_SEED, num_classes=NUM_CLASSES)
+    train_idx = np.setdiff1d(np.arange(len(labels)), test_idx)
+    return train_idx, test_idx
+
+
+@register_dataset("digits")
+def build_digits(
+    root: Any = None,
+    train_subset: int | None = None,
+    test_subset: int | None = None,
+    val_split: int = 0,
+    augment: str = "none",
+    seed: int = 0,
+    download: bool = False,
+    num_classes: int | None = None,
+    input_shape: Any = None,
+    **unused: Any,
+) -> DataBundle:
+    """``root`` and ``download`` are accepted and ignored (the data ships with scikit-learn)."""
+    unused.pop("name", None)
+    warn_unused("digits", unused)
+    augment = check_augment("digits", augment, allowed=("none",))
+    check_expected("digits", NUM_CLASSES, INPUT_SHAPE, num_classes, input_shape)
+
+    images, labels = load_digits_arrays()
+    train_idx, test_idx = fixed_split()
+    train_x, train_y = images[train_idx], labels[train_idx]
+    test_x, test_y = images[test_idx], labels[test_idx]
+
+    # normalisation from the full fixed training split (independent of subsets)
+    pix = train_x.astype(np.float64) / 16.0
+    mean, std = float(pix.mean()), float(pix.std())
+
+    sel = balanced_subset(train_y, train_subset, seed=SUBSET_SEED, num_classes=NUM_CLASSES)
+    train_x, train_y = train_x[sel], train_y[sel]
+    sel = balanced_subset(test_y, test_subset, seed=SUBSET_SEED, num_classes=NUM_CLASSES)
+    test_x, test_y = test_x[sel], test_y[sel]
+
+    return make_bundle(
+        "digits",
+        (train_x[..., None], train_y),
+        (test_x[..., None], test_y),
+        num_classes=NUM_CLASSES,
+        mean=[mean],
+        std=[std],
+        scale=16.0,
+        val_split=val_split,
+        augment=augment,
+        seed=seed,
+        meta={"classes": tuple(str(i) for i in range(NUM_CLASSES))},
+    )

@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml
 
 demo: setup
 	rm -rf $(DEMO_DIR)
-	$(PY) train.py --multirun experiment=digits_sam flatness=none,sam seed=0,1 \
+	$(PY) train.py --multirun dataset=digits model=mlp method=map flatness=none,sam seed=0,1 \
 		trainer.progress=false hydra.sweep.dir=$(DEMO_DIR)
 	$(PY) scripts/aggregate.py $(DEMO_DIR)
 

@@ -1,8 +1,10 @@
 """Real data: ResNet-20-FRN on a 5,000-image subset of the real CIFAR-10, 2 epochs on CPU.
 
-Measured at this budget (see the issue note): SGD ~0.27 test accuracy; the same net with
-BatchNorm+ReLU instead of FRN/TLU ~0.31; an MLP ~0.44 after 4 epochs. FRN nets start slowly (per-
-example normalisation), so the bar here is 'clearly learns': at least twice chance.
+ResNet-20-FRN starts slowly (per-example FRN normalisation + TLU; the bSAM code's network and
+init): at this budget SGD reached 0.27-0.29 for every lr/batch we tried (0.01-0.1, batch 16-128),
+the same net with BatchNorm 0.31. Adam (lr 2e-3, batch 16, no augmentation, cosine) is the
+fastest start we measured: 0.356 plain, 0.363 with SAM at rho = 0.01 (the bSAM paper's radius for
+ResNet-20). The runs are seeded and bit-reproducible on CPU, so the bar is the issue's 0.35.
 """
 
 import pytest
@@ -17,11 +19,12 @@ def test_resnet20_frn_learns_on_real_cifar10_subset(flatness, cifar10_archive, t
     res = run_cfg([
         "dataset=cifar10", f"dataset.root={cifar10_archive}", f"dataset.cache_dir={tmp_path / 'cache'}",
         "dataset.train_subset=5000", "dataset.test_subset=1000", "dataset.augment=none",
-        "model=resnet20_frn", "method=map", f"flatness={flatness}", "flatness.rho=0.05" if flatness == "sam" else "seed=0",
-        "trainer.epochs=2", "trainer.batch_size=32", "optimizer.lr=0.05", "trainer.eval_every=0",
-    ], tmp_path / "run")
+        "model=resnet20_frn", "method=map", f"flatness={flatness}",
+        "optimizer=adam", "optimizer.lr=0.002", "trainer.epochs=2", "trainer.batch_size=16",
+        "trainer.eval_every=0", "seed=0",
+    ] + (["flatness.rho=0.01"] if flatness == "sam" else []), tmp_path / "run")
     m = res["metrics"]
-    print(flatness, m)
+    print(flatness, {k: round(v, 4) for k, v in m.items() if isinstance(v, float)})
     assert res["meta"]["budget"]["train_size"] == 5000 and res["meta"]["budget"]["test_size"] == 1000
-    assert m["accuracy"] >= 0.20, m  # chance is 0.10
-    assert m["nll"] < 2.30, m        # below the uniform predictor's log 10 = 2.303
+    assert m["accuracy"] >= 0.35, m  # chance is 0.10
+    assert m["nll"] < 1.9, m         # the uniform predictor's NLL is log 10 = 2.303

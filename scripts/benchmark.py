@@ -1,10 +1,12 @@
 #!/usr/bin/env python
-"""Training throughput of flatness variants side by side, in one process (not a timed test).
+"""Per-step training cost of method x flatness combinations, side by side in one process.
 
     python scripts/benchmark.py --model resnet20_frn --batch-size 128 --steps 20 [--device cuda]
+    python scripts/benchmark.py --configs map+none,map+sam,swag+none,swag+sam,sgld+none
 
-Prints images/s per configuration and the overhead ratio relative to plain SGD measured in the
-same run (SAM should be ~2x: two forward/backward passes). Synthetic inputs: measures compute only.
+Prints images/s and the step time relative to plain SGD (map+none) measured in the same run; SWAG
+collects every step here (worst case; normally once per epoch) and its per-collection time is shown.
+Synthetic inputs: this measures compute, not data loading. Not a timed test: numbers are printed.
 """
 
 from __future__ import annotations
@@ -21,35 +23,55 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flatbnn.engine.backprop import Backprop  # noqa: E402
 from flatbnn.flatness import SAM, NoFlatness  # noqa: E402
-from flatbnn.methods import MAP, RunContext  # noqa: E402
+from flatbnn.methods import MAP, SGLD, SWAG, MCDropout, RunContext  # noqa: E402
 from flatbnn.models import create_model  # noqa: E402
 
-VARIANTS = {"sgd": lambda: NoFlatness(), "sam": lambda: SAM(rho=0.05)}
+FLATNESS = {"none": lambda: NoFlatness(), "sam": lambda: SAM(rho=0.05)}
+METHODS = {
+    "map": lambda: MAP(),
+    "swag": lambda: SWAG(mode="swag", swa_start=0, collect_unit="step", collect_every=1),
+    "swag_diag": lambda: SWAG(mode="swag_diag", swa_start=0, collect_unit="step", collect_every=1),
+    "sgld": lambda: SGLD(burn_in=10**9),
+    "mc_dropout": lambda: MCDropout(),
+}
+DEFAULT = "map+none,map+sam,swag+none,swag+sam,swag_diag+none,sgld+none,sgld+sam,mc_dropout+none"
 
 
-def bench(variant: str, args, device) -> float:
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench(method_name: str, flat_name: str, args, device) -> dict:
     torch.manual_seed(0)
     shape = (1, 28, 28) if args.model == "mlp" else (3, 32, 32)
-    module = create_model(args.model, 10, shape).to(device)
-    method = MAP()
-    method.setup(RunContext(model=module, module=module, device=device, n_train=50_000, steps_per_epoch=args.steps,
-                            epochs=1, optimizer_factory=lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
+    kw = {"dropout": 0.05} if method_name == "mc_dropout" else {}
+    module = create_model(args.model, 10, shape, **kw).to(device)
+    method = METHODS[method_name]()
+    method.setup(RunContext(model=module, module=module, device=device, n_train=50_000,
+                            steps_per_epoch=args.steps, epochs=1,
+                            optimizer_factory=lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9),
                             scheduler_factory=None))
     bp = Backprop(module, device, precision=args.precision)
-    flat = VARIANTS[variant]()
+    flat = FLATNESS[flat_name]()
     x = torch.randn(args.batch_size, *shape, device=device)
     y = torch.randint(0, 10, (args.batch_size,), device=device)
     method.train()
     for _ in range(args.warmup):
         method.train_step((x, y), flat, bp)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    _sync(device)
     t0 = time.perf_counter()
     for _ in range(args.steps):
         method.train_step((x, y), flat, bp)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return args.steps * args.batch_size / (time.perf_counter() - t0)
+    _sync(device)
+    out = {"images_per_s": args.steps * args.batch_size / (time.perf_counter() - t0)}
+    if isinstance(method, SWAG):
+        t0 = time.perf_counter()
+        for _ in range(5):
+            method.collect()
+        _sync(device)
+        out["collect_ms"] = (time.perf_counter() - t0) / 5 * 1e3
+    return out
 
 
 def main() -> None:
@@ -60,20 +82,24 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--precision", default="fp32")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--configs", default=DEFAULT, help="comma-separated method+flatness pairs")
     ap.add_argument("--json", help="also write the numbers here")
     args = ap.parse_args()
     device = torch.device(args.device)
-    rows = {v: bench(v, args, device) for v in args.variants.split(",")}
-    base = rows.get("sgd")
-    hw = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu x{torch.get_num_threads()} threads"
+    rows = {}
+    for pair in args.configs.split(","):
+        m, f = pair.split("+")
+        rows[pair] = bench(m, f, args, device)
+    base = rows.get("map+none", {}).get("images_per_s")
+    hw = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
     print(f"model={args.model} batch={args.batch_size} steps={args.steps} precision={args.precision} device={hw}")
-    print(f"{'variant':<10}{'images/s':>12}{'step time vs sgd':>20}")
-    for v, ips in rows.items():
-        ratio = f"{base / ips:.2f}x" if base else "-"
-        print(f"{v:<10}{ips:>12.1f}{ratio:>20}")
+    print(f"{'method+flatness':<20}{'images/s':>12}{'step time vs map+none':>24}{'collect ms':>12}")
+    for pair, r in rows.items():
+        ratio = f"{base / r['images_per_s']:.2f}x" if base else "-"
+        col = f"{r['collect_ms']:.2f}" if "collect_ms" in r else ""
+        print(f"{pair:<20}{r['images_per_s']:>12.1f}{ratio:>24}{col:>12}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "device": hw, "images_per_s": rows}, indent=2))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "device": hw, "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

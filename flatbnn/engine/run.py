@@ -74,9 +74,14 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict | None:
 
     seed_everything(cfg.seed)
     bundle = instantiate(cfg.dataset)
-    module = instantiate(cfg.model).to(device)
-    if tc.channels_last:
-        module = module.to(memory_format=torch.channels_last)
+
+    def model_factory(seed: int | None = None) -> torch.nn.Module:
+        if seed is not None:
+            torch.manual_seed(seed)
+        m = instantiate(cfg.model).to(device)
+        return m.to(memory_format=torch.channels_last) if tc.channels_last else m
+
+    module = model_factory()
     if info.enabled and tc.sync_bn:
         module = torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
     if info.rank > 0:  # ranks draw different dropout / noise; rank 0 keeps the single-process stream
@@ -112,12 +117,21 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict | None:
     # ---------------------------------------------------------------- method x flatness
     method = instantiate(cfg.method)
     flatness = instantiate(cfg.flatness)
+
+    def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
+        if info.enabled:
+            torch.distributed.all_reduce(t)
+            t /= info.world_size
+        return t
+
     method.setup(RunContext(
         model=model, module=module, device=device, n_train=len(bundle.train), steps_per_epoch=steps_per_epoch,
         epochs=tc.epochs, optimizer_factory=instantiate(cfg.optimizer),
         scheduler_factory=instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
         label_smoothing=tc.label_smoothing, rank=info.rank, world_size=info.world_size, generator=generator,
-        channels_last=tc.channels_last))
+        channels_last=tc.channels_last, model_factory=model_factory, train_loader=train_loader,
+        all_reduce_mean=all_reduce_mean, seed=cfg.seed))
+    total_epochs = tc.epochs * method.epoch_multiplier
     backprop = Backprop(module, device, precision=tc.precision, grad_clip=tc.grad_clip, ddp=ddp)
     eval_cfg = EvalConfig(**OmegaConf.to_container(cfg.metrics, resolve=True))
 
@@ -125,7 +139,7 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict | None:
         return D.gather_shards(local, n, info, device)
 
     # ---------------------------------------------------------------- resume
-    trainer = Trainer(epochs=tc.epochs, run_dir=run_dir, info=info, device=device,
+    trainer = Trainer(epochs=total_epochs, run_dir=run_dir, info=info, device=device,
                       checkpoint_every=tc.checkpoint_every, eval_every=tc.eval_every, progress=tc.progress,
                       limit_train_batches=tc.limit_train_batches, channels_last=tc.channels_last)
     ckpt = _resume_path(tc.resume, trainer.ckpt_path)
@@ -147,7 +161,7 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict | None:
     def evaluate_epoch() -> dict:
         name, loader, targets = (("val", val_loader, val_targets) if val_loader is not None
                                  else ("test", eval_loaders["test"], test_targets))
-        m = evaluate(method, {"test": loader}, targets, eval_cfg, num_samples=1, gather=gather)
+        m = evaluate(method, {"test": loader}, targets, eval_cfg, gather=gather, predict=method.monitor)
         keys = ("accuracy", "nll", "ece")
         return {f"{name}/{k}": m[k] for k in keys}
 
@@ -161,8 +175,8 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict | None:
     if info.is_main:
         meta = {
             "dataset": cfg.dataset.name, "model": _model_name(cfg), "method": method.describe(),
-            "flatness": flatness.describe(), "seed": cfg.seed, "epochs": tc.epochs,
-            "budget": {"epochs": tc.epochs, "steps": trainer.global_step, "steps_per_epoch": steps_per_epoch,
+            "flatness": flatness.describe(), "seed": cfg.seed, "epochs": total_epochs,
+            "budget": {"epochs": total_epochs, "steps": trainer.global_step, "steps_per_epoch": steps_per_epoch,
                        "train_size": len(bundle.train), "test_size": len(bundle.test),
                        "global_batch": tc.batch_size, "world_size": info.world_size,
                        "precision": tc.precision},

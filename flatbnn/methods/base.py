@@ -33,11 +33,18 @@ class RunContext:
     world_size: int = 1
     generator: torch.Generator | None = None  # per-rank noise (SGLD, VI, bSAM), seeded by the engine
     channels_last: bool = False
+    criterion: Callable | None = None      # (logits, targets) -> mean loss; default cross-entropy
+    model_factory: Callable | None = None  # () -> a freshly initialised backbone (ensembles)
+    train_loader: object = None            # training loader (BatchNorm refresh of sampled weights)
+    all_reduce_mean: Callable | None = None  # tensor -> mean over DDP ranks, in place (BN stats)
+    seed: int = 0
     extra: dict = field(default_factory=dict)
 
 
 class Method:
     name = "base"
+    #: the engine runs ``trainer.epochs * epoch_multiplier`` epochs (deep ensembles: one schedule per member)
+    epoch_multiplier = 1
 
     def __init__(self, num_samples: int = 1):
         self.num_samples = int(num_samples)
@@ -74,9 +81,12 @@ class Method:
         x, y = batch
         logits = self.model(x)
         if self._record:
-            self._correct = self._correct + (logits.argmax(1) == y).sum().detach().cpu()
+            if logits.dim() == 2 and logits.shape[1] > 1:
+                self._correct = self._correct + (logits.argmax(1) == y).sum().detach().cpu()
             self._seen += y.numel()
             self._record = False
+        if self.ctx.criterion is not None:
+            return self.ctx.criterion(logits, y)
         return F.cross_entropy(logits.float(), y, label_smoothing=self.ctx.label_smoothing)
 
     def train_step(self, batch, flatness, backprop) -> dict:
@@ -115,6 +125,11 @@ class Method:
         One weight sample serves all sets (test, OOD, corruptions), so their metrics are coherent.
         """
         raise NotImplementedError
+
+    def monitor(self, loaders: dict) -> Iterator[dict[str, torch.Tensor]]:
+        """Cheap per-epoch view for metrics.jsonl: the current weights, one pass (no sampling)."""
+        self.module.eval()
+        yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict:

@@ -39,9 +39,11 @@ def _gather(lp: torch.Tensor, n: int, gather) -> torch.Tensor:
 
 
 def evaluate(method, loaders: dict, targets: torch.Tensor, cfg: EvalConfig | None = None,
-             num_samples: int | None = None, gather=None, keep_predictive: bool = False) -> dict:
+             num_samples: int | None = None, gather=None, keep_predictive: bool = False,
+             predict=None) -> dict:
     """Metrics of the posterior predictive on ``loaders['test']`` and OOD metrics for every
-    other loader named ``ood/<name>``. ``gather(local, n_total)`` reassembles DDP shards."""
+    other loader named ``ood/<name>``. ``gather(local, n_total)`` reassembles DDP shards.
+    ``predict(loaders)`` replaces ``method.predict`` (e.g. ``method.monitor`` during training)."""
     cfg = cfg or EvalConfig()
     sizes = {name: (len(targets) if name == "test" else len(loader.dataset))
              for name, loader in loaders.items()}
@@ -49,7 +51,8 @@ def evaluate(method, loaders: dict, targets: torch.Tensor, cfg: EvalConfig | Non
     running: dict[str, torch.Tensor] = {}
     singles: list[dict] = []
     count = 0
-    for sample in method.predict(loaders, num_samples):
+    samples = predict(loaders) if predict is not None else method.predict(loaders, num_samples)
+    for sample in samples:
         count += 1
         for name, lp in sample.items():
             lp = _gather(lp, sizes[name], gather)

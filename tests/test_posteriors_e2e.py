@@ -1,0 +1,73 @@
+"""Posterior methods I through the one entrypoint (digits, CPU): metrics, composition, resume."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import REPO, results, run_cfg, train_cli
+
+DIGITS = ["dataset=digits", "model=mlp", "trainer.eval_every=0"]
+
+
+@pytest.mark.parametrize("method,extra,min_acc", [
+    ("swa", ["method.swa_start=4"], 0.9),
+    ("swag", ["method.swa_start=4", "method.num_samples=5"], 0.9),
+    ("f_swag_diag", ["method.swa_start=4", "method.num_samples=5"], 0.9),
+    ("sgld", ["optimizer.momentum=0", "method.burn_in=4"], 0.85),
+    ("f_mc_dropout", ["model.dropout=0.2", "method.num_samples=5"], 0.9),
+    ("deep_ens", ["method.num_members=2", "trainer.epochs=4"], 0.9),
+])
+def test_method_runs_end_to_end_and_reports_every_metric(method, extra, min_acc, tmp_path):
+    res = run_cfg(DIGITS + [f"method={method}", "trainer.epochs=8"] + extra, tmp_path)
+    m, meta = res["metrics"], res["meta"]
+    assert m["accuracy"] >= min_acc, m
+    for k in ("nll", "ece", "brier", "auroc_misclassification", "num_samples", "eval_seconds"):
+        assert k in m
+    if m["num_samples"] > 1:
+        assert set(m["single_sample"]) >= {"accuracy", "nll", "ece"}
+    if method.startswith("f_"):
+        assert meta["flatness"]["name"] == "sam"
+    if method == "swag":
+        assert meta["method"]["n_collected"] == 4 and m["num_samples"] == 5
+    if method == "sgld":
+        assert meta["method"]["kept_samples"] == 4 and m["num_samples"] == 4
+    if method == "deep_ens":
+        assert meta["method"]["trained_members"] == 2 and meta["epochs"] == 8 and m["num_samples"] == 2
+
+
+def test_swag_composes_with_any_flatness_variant(tmp_path):
+    res = run_cfg(DIGITS + ["method=swag", "flatness=sam", "flatness.rho=0.1", "trainer.epochs=3",
+                            "method.swa_start=1", "method.num_samples=2"], tmp_path)
+    assert res["meta"]["flatness"]["rho"] == 0.1 and res["meta"]["method"]["name"] == "swag"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,extra", [
+    ("f_swag", ["method.swa_start=2", "method.num_samples=3"]),
+    ("sgld", ["optimizer.momentum=0", "method.burn_in=2"]),
+    ("deep_ens", ["method.num_members=2", "trainer.epochs=3"]),
+])
+def test_killed_posterior_run_resumes_to_identical_result(method, extra, tmp_path):
+    """Collected moments / kept samples / finished members live in the checkpoint."""
+    args = DIGITS + [f"method={method}", "trainer.epochs=6", "trainer.batch_size=16"] + extra
+    train_cli(args, tmp_path / "ref")
+    run = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), *args, f"hydra.run.dir={run}",
+                             "trainer.progress=false"], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        f = run / "metrics.jsonl"
+        if f.exists() and len(f.read_text().splitlines()) >= 4:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    assert not (run / "results.json").exists()
+    train_cli(args, run)
+    a, b = results(run)["metrics"], results(tmp_path / "ref")["metrics"]
+    for k in ("accuracy", "nll", "ece", "brier"):
+        assert a[k] == b[k], k

@@ -1,7 +1,10 @@
-"""Model registry and backbones: published parameter counts, shapes, gradients, FRN, options."""
+"""Model registry and backbones: every configs/model YAML against its published size, built through
+Hydra and trained one forward/backward step; structure cross-checks; MC-Dropout placement; FRN;
+local pretrained weights (never downloaded)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -11,60 +14,246 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from flatbnn.models import create_model, list_models
+from flatbnn.models._common import read_state_dict
+from flatbnn.models.reference import MODEL_REFS, count_parameters
 from flatbnn.models.resnet_frn import FilterResponseNorm2d
+from helpers import compose_cfg
 
 CIFAR = (3, 32, 32)
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "model"
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO / "configs" / "model"
+CONFIGS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+# Exact count of our implementation for every config, at the input shape and class count of
+# flatbnn/models/reference.py (CIFAR 3x32x32 / 10 classes unless listed there). A change here is a
+# change of architecture: update docs/models.md (scripts/param_counts.py --markdown --update ...).
+EXACT = {
+    "deit_base": 86_567_656,
+    "densenet121": 6_956_298,
+    "densenet161": 28_681_000,
+    "lenet5": 61_706,
+    "mlp": 545_810,
+    "preresnet110": 1_730_522,
+    "preresnet164": 1_703_258,
+    "preresnet164_drop": 2_537_882,
+    "pyramidnet272": 26_288_692,
+    "resnet10": 4_903_242,
+    "resnet152": 60_192_808,
+    "resnet18": 11_173_962,
+    "resnet20": 269_722,
+    "resnet20_frn": 274_042,
+    "resnet32": 464_154,
+    "resnet34": 21_282_122,
+    "resnet56": 853_018,
+    "resnext29_32x4d": 4_775_754,
+    "vgg16_bn": 15_253_578,
+    "vgg19_bn": 20_040_522,
+    "vgg_hwa": 9_416_010,
+    "vit_b16": 86_567_656,
+    "wrn16x4": 2_748_890,
+    "wrn28x10": 36_479_194,
+    "wrn28x10_swag": 36_489_290,
+    "wrn28x2": 1_467_610,
+}
+SLOW = {"densenet161", "resnet152", "deit_base", "vit_b16", "pyramidnet272", "wrn28x10", "wrn28x10_swag"}
+TIMM = {"deit_base", "vit_b16"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_intra_op_thread():
+    """Batch-2 passes gain little from intra-op threads, and on a shared 2-core machine OpenMP
+    threads spinning against other processes made them 10-20x slower (ResNet-152: 20 s vs 2 s)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def n_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-# (builder, kwargs, exact count of this implementation, published figure) for 10 classes at 3x32x32.
-# Published: WRN (Zagoruyko & Komodakis 2016) 36.5M, and the usual 1.5M / 2.7M for WRN-28-2 / 16-4;
-# PreResNet-164 (He et al. 2016) 1.70M; ResNet-20-FRN (Izmailov et al. 2021) 0.27M.
-PARAM_COUNTS = {
-    "wrn28x10": ("wrn", dict(depth=28, widen_factor=10), 36_479_194, "36.5"),
-    "wrn28x2": ("wrn", dict(depth=28, widen_factor=2), 1_467_610, "1.5"),
-    "wrn16x4": ("wrn", dict(depth=16, widen_factor=4), 2_748_890, "2.7"),
-    "preresnet164": ("preresnet", dict(depth=164), 1_703_258, "1.70"),
-    "resnet20_frn": ("resnet20_frn", {}, 274_042, "0.27"),
-}
+def config_kwargs(config: str) -> tuple[str, dict]:
+    kw = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / f"{config}.yaml"), resolve=False)
+    for key in ("_target_", "num_classes", "input_shape"):
+        kw.pop(key)
+    return kw.pop("name"), kw
 
 
-@pytest.mark.parametrize("key", PARAM_COUNTS)
-def test_param_counts_match_published(key):
-    name, kw, exact, published_m = PARAM_COUNTS[key]
-    count = n_params(create_model(name, num_classes=10, input_shape=CIFAR, **kw))
-    print(f"{key}: {count:,} parameters (published {published_m}M)")
-    assert count == exact
-    # Agree with the published figure to the precision it is printed with (half a unit in its last
-    # digit: 0.14% for 36.5M, 0.3% for 1.70M, 1.9% for 0.27M, whose rounding alone is ~1%).
+def meta_count(name: str, num_classes: int, shape, basis: str = "all", **kw) -> int:
+    """Parameter count without allocating or initialising anything."""
+    with torch.device("meta"):
+        model = create_model(name, num_classes=num_classes, input_shape=shape, **kw)
+    return count_parameters(model, basis)
+
+
+def agrees(count: int, published_m: str) -> bool:
+    """Equal to a figure printed in millions at its precision (half a unit in its last digit)."""
     decimals = len(published_m.partition(".")[2])
-    assert abs(count / 1e6 - float(published_m)) <= 0.5 * 10**-decimals
+    return abs(count / 1e6 - float(published_m)) <= 0.5 * 10**-decimals
 
 
-FORWARD_CASES = [
-    pytest.param("wrn", dict(depth=28, widen_factor=10), id="wrn28x10", marks=pytest.mark.slow),
-    pytest.param("wrn", dict(depth=28, widen_factor=2, dropout=0.3), id="wrn28x2-dropout"),
-    pytest.param("wrn", dict(depth=16, widen_factor=4, stride_on="second"), id="wrn16x4-second"),
-    pytest.param("preresnet", dict(depth=164), id="preresnet164"),
-    pytest.param("preresnet", dict(depth=20), id="preresnet20-basic"),
-    pytest.param("resnet20_frn", {}, id="resnet20_frn"),
-    pytest.param("mlp", {}, id="mlp"),
-]
+def test_every_config_has_a_reference_and_an_exact_count():
+    assert set(CONFIGS) == set(EXACT) == set(MODEL_REFS)
 
 
-@pytest.mark.parametrize("name,kw", FORWARD_CASES)
-def test_forward_backward(name, kw):
+@pytest.mark.parametrize("config", CONFIGS)
+def test_param_count_matches_published(config):
+    """Exact count of this implementation, and agreement with the printed figure where one exists."""
+    if config in TIMM:
+        pytest.importorskip("timm")
+    ref = MODEL_REFS[config]
+    name, kw = config_kwargs(config)
+    count = meta_count(name, ref.num_classes, ref.input_shape, **kw)
+    assert count == EXACT[config]
+    if ref.published is None:
+        return
+    classes = ref.published_classes or ref.num_classes
+    basis_count = (
+        count
+        if (ref.published_basis, classes) == ("all", ref.num_classes)
+        else meta_count(name, classes, ref.input_shape, ref.published_basis, **kw)
+    )
+    print(f"{config}: {count:,} ({ref.published_basis} at {classes} classes: {basis_count:,}); "
+          f"published {ref.published}M, {ref.published_by}")
+    assert agrees(basis_count, ref.published), (basis_count, ref.published)
+
+
+def _compose(config: str):
+    ref = MODEL_REFS[config]
+    shape = list(ref.input_shape)
+    cfg = compose_cfg([
+        "dataset=cifar10", f"model={config}",
+        f"dataset.input_shape=[{','.join(map(str, shape))}]", f"dataset.num_classes={ref.num_classes}",
+    ])
+    return cfg, shape, ref.num_classes
+
+
+@pytest.mark.parametrize(
+    "config", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in CONFIGS]
+)
+def test_config_builds_through_hydra_and_trains(config):
+    """Hydra composition (dataset values interpolated) -> instantiate -> forward/backward at batch 2."""
+    if config in TIMM:
+        pytest.importorskip("timm")
+    cfg, shape, classes = _compose(config)
     torch.manual_seed(0)
-    model = create_model(name, num_classes=10, input_shape=CIFAR, **kw)
-    logits = model(torch.randn(2, *CIFAR))
-    assert logits.shape == (2, 10)
+    model = instantiate(cfg.model)
+    assert n_params(model) == EXACT[config]
+    model.train()
+    logits = model(torch.randn(2, *shape))
+    assert logits.shape == (2, classes)
     logits.logsumexp(-1).sum().backward()
     for pname, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), pname
+
+
+def test_cifar_models_build_from_the_cifar10_config_as_is():
+    """No override needed for the CIFAR models: the dataset group's shape and classes flow in."""
+    cfg = compose_cfg(["dataset=cifar10", "model=resnet20"])
+    model = instantiate(cfg.model)
+    assert model(torch.randn(2, *CIFAR)).shape == (2, 10)
+
+
+# ---------------------------------------------------------------- structure cross-checks
+
+
+@pytest.mark.parametrize(
+    "name,kw,tv_name,stem_channels",
+    [
+        ("resnet", dict(depth=18), "resnet18", 64),
+        ("resnet", dict(depth=34), "resnet34", 64),
+        ("densenet_cifar", dict(depth=121), "densenet121", 64),
+    ],
+)
+def test_cifar_stem_nets_equal_torchvision_with_the_stem_swapped(name, kw, tv_name, stem_channels):
+    """torchvision's ImageNet net minus its 7x7 stem conv (and the BN after it for DenseNet, whose
+    CIFAR stem has none) plus a 3x3 conv == ours, at the same class count."""
+    import torchvision
+
+    with torch.device("meta"):
+        tv = count_parameters(getattr(torchvision.models, tv_name)(num_classes=10))
+    imagenet_stem = 3 * stem_channels * 7 * 7 + (2 * stem_channels if name == "densenet_cifar" else 0)
+    cifar_stem = 3 * stem_channels * 3 * 3
+    assert meta_count(name, 10, CIFAR, **kw) == tv - imagenet_stem + cifar_stem
+
+
+@pytest.mark.parametrize(
+    "kw,published",
+    [
+        (dict(cardinality=8, base_width=64), ["34.4", "34.43"]),  # Xie et al. 2017; bearpaw
+        (dict(cardinality=16, base_width=64), ["68.16"]),  # bearpaw (Xie et al. print 68.1)
+    ],
+)
+def test_resnext_matches_published_cifar_resnexts(kw, published):
+    count = meta_count("resnext_cifar", 10, CIFAR, depth=29, **kw)
+    assert all(agrees(count, p) for p in published), count
+
+
+@pytest.mark.parametrize(
+    "depth,alpha,published",
+    [(272, 200, "26.0"), (236, 220, "26.8"), (200, 240, "26.6"), (164, 48, "1.7")],
+)
+def test_pyramidnet_matches_han_et_al(depth, alpha, published):
+    """Han et al.'s bottleneck counts are conv + linear parameters (no BN affine) at 10 classes."""
+    count = meta_count("pyramidnet", 10, CIFAR, "conv_linear", depth=depth, alpha=alpha)
+    assert agrees(count, published), count
+
+
+def test_resnet_cifar_shortcuts_and_he_et_al_resnet110():
+    a = create_model("resnet_cifar", 10, CIFAR, depth=20)
+    b = create_model("resnet_cifar", 10, CIFAR, depth=20, shortcut="B")
+    # option B: 1x1 conv + BN at the two stage transitions (16->32, 32->64)
+    assert n_params(b) - n_params(a) == (16 * 32 + 2 * 32) + (32 * 64 + 2 * 64)
+    x = torch.randn(2, *CIFAR)
+    assert a(x).shape == b(x).shape == (2, 10)
+    assert agrees(meta_count("resnet_cifar", 10, CIFAR, depth=110), "1.7")  # He et al. Table 6
+    with pytest.raises(ValueError):
+        create_model("resnet_cifar", 10, CIFAR, depth=21)
+
+
+def test_preresnet_depth_rules():
+    he = create_model("preresnet", 10, CIFAR, depth=164)
+    swag = create_model("preresnet", 10, CIFAR, depth=164, depth_rule="swag_dropout")
+    assert [len(s) for s in he.stages] == [18, 18, 18]
+    assert [len(s) for s in swag.stages] == [27, 27, 27]  # the SWAG code's PreResNet164Drop
+    assert meta_count("preresnet", 10, CIFAR, depth=110) == 1_146_842  # SWAG code's PreResNet110
+    raw = create_model("preresnet", 10, CIFAR, depth=20, shortcut_input="raw")
+    assert n_params(raw) == n_params(create_model("preresnet", 10, CIFAR, depth=20))
+    assert raw(torch.randn(2, *CIFAR)).shape == (2, 10)
+
+
+def test_stride_on_moves_downsampling_not_parameters():
+    kw = dict(num_classes=10, input_shape=CIFAR, depth=10, widen_factor=2)
+    first = create_model("wrn", stride_on="first", **kw)
+    second = create_model("wrn", stride_on="second", **kw)
+    assert n_params(first) == n_params(second)
+
+    def conv1_output_size(model):
+        sizes = []
+        block = model.stages[1][0]  # first block of stage 2 downsamples 32x32 -> 16x16
+        handle = block.conv1.register_forward_hook(lambda m, i, o: sizes.append(tuple(o.shape[-2:])))
+        out = model(torch.randn(2, *CIFAR))
+        handle.remove()
+        return sizes[0], out.shape
+
+    assert conv1_output_size(first) == ((16, 16), (2, 10))
+    assert conv1_output_size(second) == ((32, 32), (2, 10))
+    with pytest.raises(ValueError):
+        create_model("wrn", stride_on="third", **kw)
+
+
+def test_wrn_swag_options():
+    kw = dict(num_classes=10, input_shape=CIFAR, depth=10, widen_factor=2)
+    plain = create_model("wrn", **kw)
+    biased = create_model("wrn", conv_bias=True, **kw)
+    n_conv_channels = sum(m.out_channels for m in plain.modules() if isinstance(m, nn.Conv2d))
+    assert n_params(biased) - n_params(plain) == n_conv_channels
+    raw = create_model("wrn", shortcut_input="raw", **kw)
+    assert raw(torch.randn(2, *CIFAR)).shape == (2, 10)
+    for bad in (dict(dropout_placement="middle"), dict(shortcut_input="both")):
+        with pytest.raises(ValueError):
+            create_model("wrn", **kw, **bad)
 
 
 @pytest.mark.parametrize(
@@ -73,6 +262,16 @@ def test_forward_backward(name, kw):
         ("resnet20_frn", {}, (1, 28, 28)),
         ("wrn", dict(depth=10, widen_factor=1), (1, 20, 24)),
         ("preresnet", dict(depth=11, block="bottleneck"), (5, 9, 9)),
+        ("resnet_cifar", dict(depth=8), (1, 28, 28)),
+        ("resnet", dict(depth=10), (4, 20, 20)),
+        ("vgg", dict(depth=11), (1, 48, 40)),
+        ("densenet_cifar", dict(depth=121), (1, 28, 28)),
+        ("resnext_cifar", dict(depth=11, cardinality=2, base_width=4), (2, 17, 17)),
+        ("pyramidnet", dict(depth=11, alpha=12), (1, 28, 28)),
+        ("lenet5", {}, (3, 32, 32)),
+        ("lenet5", dict(variant="tfp"), (1, 28, 28)),
+        ("lenet5", dict(variant="bsam"), (1, 28, 28)),
+        ("vgg_hwa", {}, (1, 64, 48)),
     ],
 )
 def test_conv_nets_take_any_channels_and_size(name, kw, shape):
@@ -80,7 +279,18 @@ def test_conv_nets_take_any_channels_and_size(name, kw, shape):
     assert model(torch.randn(3, *shape)).shape == (3, 4)
 
 
-def test_mlp_small_input_and_dropout():
+def test_lenet5_variants():
+    counts = {v: meta_count("lenet5", 10, (1, 28, 28), variant=v) for v in ("classic", "tfp", "bsam")}
+    # classic: C5 on 5x5 maps (conv1 padded by 2); tfp: 'SAME' convs, fc on 7*7*120; bsam: 3x3/2 pools
+    assert counts == {"classic": 61_706, "tfp": 545_546, "bsam": 82_126}
+    assert meta_count("lenet5", 10, CIFAR) == 62_006
+    with pytest.raises(ValueError):
+        create_model("lenet5", 10, (1, 8, 8))
+    with pytest.raises(ValueError):
+        create_model("lenet5", 10, (1, 28, 28), variant="lenet4")
+
+
+def test_mlp_small_input_dropout_and_activation():
     model = create_model("mlp", num_classes=10, input_shape=(1, 8, 8), hidden=[32, 16], dropout=0.5)
     linears = [m for m in model if isinstance(m, nn.Linear)]
     assert [(m.in_features, m.out_features) for m in linears] == [(64, 32), (32, 16), (16, 10)]
@@ -88,6 +298,124 @@ def test_mlp_small_input_and_dropout():
     assert model(torch.randn(5, 1, 8, 8)).shape == (5, 10)
     no_dropout = create_model("mlp", num_classes=10, input_shape=(1, 8, 8))
     assert not any(isinstance(m, nn.Dropout) for m in no_dropout)
+    elu = create_model("mlp", num_classes=10, input_shape=(1, 28, 28), activation="elu")
+    assert sum(isinstance(m, nn.ELU) for m in elu) == 2 and n_params(elu) == EXACT["mlp"]
+
+
+# ---------------------------------------------------------------- MC-Dropout placement
+
+
+def _dropouts(model: nn.Module) -> list[str]:
+    return [n for n, m in model.named_modules() if isinstance(m, nn.Dropout)]
+
+
+# (builder, small kwargs, input shape, expected names of the nn.Dropout modules at dropout=p)
+DROPOUT_CASES = {
+    "mlp": ("mlp", dict(hidden=[16, 8]), (1, 8, 8), ["3", "6"]),
+    "lenet5": ("lenet5", {}, (1, 28, 28), ["classifier.1", "classifier.4"]),
+    "resnet_cifar": ("resnet_cifar", dict(depth=8), CIFAR, ["dropout"]),
+    "resnet": ("resnet", dict(depth=10), CIFAR, ["dropout"]),
+    # SWAG PreResNetDrop: before every residual-branch conv and projection conv, and the classifier
+    "preresnet": (
+        "preresnet", dict(depth=8, block="basic"), CIFAR,
+        [f"stages.{s}.0.drop{i}" for s in range(3) for i in (1, 2)]
+        + ["stages.1.0.shortcut_drop", "stages.2.0.shortcut_drop", "dropout"],
+    ),
+    "preresnet_bottleneck": (
+        "preresnet", dict(depth=11, block="bottleneck"), CIFAR,
+        [f"stages.{s}.0.drop{i}" for s in range(3) for i in (1, 2, 3)]
+        + [f"stages.{s}.0.shortcut_drop" for s in range(3)] + ["dropout"],
+    ),
+    "wrn_original": (
+        "wrn", dict(depth=10, widen_factor=1), CIFAR, [f"stages.{s}.0.dropout" for s in range(3)]
+    ),
+    "wrn_swag": (
+        "wrn", dict(depth=10, widen_factor=1, dropout_placement="swag"), CIFAR,
+        [f"stages.{s}.0.dropout" for s in range(3)] + ["head_dropout"],
+    ),
+    # SWAG VGGDrop: before every conv (VGG-11: 8 convs), and before the classifier
+    "vgg": (
+        "vgg", dict(depth=11), CIFAR,
+        [f"features.{i}" for i in (0, 5, 10, 14, 19, 23, 28, 32)] + ["classifier.0"],
+    ),
+    "vgg_hwa": ("vgg_hwa", {}, CIFAR, ["dropout"]),
+    "densenet": ("densenet_cifar", dict(depth=121, growth_rate=8), CIFAR, ["dropout"]),
+    "resnext": ("resnext_cifar", dict(depth=11, cardinality=2, base_width=4), CIFAR, ["dropout"]),
+    "pyramidnet": ("pyramidnet", dict(depth=11, alpha=12), CIFAR, ["dropout"]),
+}
+
+
+def enable_dropout(m: nn.Module) -> None:
+    if isinstance(m, nn.Dropout):
+        m.train()
+
+
+@pytest.mark.parametrize("case", DROPOUT_CASES)
+def test_dropout_placement_and_mc_sampling(case):
+    name, kw, shape, expected = DROPOUT_CASES[case]
+    torch.manual_seed(0)
+    off = create_model(name, 10, shape, **kw)
+    assert _dropouts(off) == []  # dropout=0: no Dropout module at all
+    torch.manual_seed(0)
+    on = create_model(name, 10, shape, dropout=0.3, **kw)
+    assert sorted(_dropouts(on)) == sorted(expected)
+    assert all(m.p == 0.3 for m in on.modules() if isinstance(m, nn.Dropout))
+    # same parameters, same state_dict keys (not the MLP's: a plain Sequential whose indices shift)
+    # and, with dropout off, the same function
+    if case == "mlp":
+        on.load_state_dict(dict(zip(on.state_dict(), off.state_dict().values())))
+    else:
+        assert on.state_dict().keys() == off.state_dict().keys()
+        on.load_state_dict(off.state_dict())
+    x = torch.randn(4, *shape)
+    on.eval(), off.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(on(x), off(x))
+        on.train()
+        assert not torch.equal(on(x), on(x))  # train mode: fresh masks
+        on.eval()
+        on.apply(enable_dropout)  # MC-Dropout at test time: BN frozen, masks sampled
+        assert not torch.equal(on(x), on(x))
+
+
+def test_wrn_dropout_placements_act_where_documented():
+    """original: dropout sees BN2-ReLU output (>= 0); swag: it sees the first conv's raw output."""
+    for placement in ("original", "swag"):
+        model = create_model("wrn", 10, CIFAR, depth=10, widen_factor=1, dropout=0.3,
+                             dropout_placement=placement)
+        block = model.stages[0][0]
+        seen = {}
+        block.conv1.register_forward_hook(lambda m, i, o: seen.setdefault("conv1", o))
+        block.dropout.register_forward_hook(lambda m, i, o: seen.setdefault("drop_in", i[0]))
+        model(torch.randn(2, *CIFAR))
+        if placement == "swag":
+            assert torch.equal(seen["drop_in"], seen["conv1"])
+        else:
+            assert (seen["drop_in"] >= 0).all() and not torch.equal(seen["drop_in"], seen["conv1"])
+
+
+def test_vgg_mlp_head_dropout_is_architectural():
+    swag = create_model("vgg", 10, CIFAR, depth=11, head="mlp")
+    assert _dropouts(swag) == ["classifier.0", "classifier.3"]  # the SWAG VGG's Dropout(0.5) pair
+    assert _dropouts(create_model("vgg", 10, CIFAR, depth=11, head="mlp", head_dropout=0)) == []
+    drop = create_model("vgg", 10, CIFAR, depth=11, head="mlp", dropout=0.05, head_dropout=0.05)
+    assert len(_dropouts(drop)) == 8 + 2  # VGG11BNDrop: 8 convs + the two head dropouts
+
+
+@pytest.mark.parametrize("config", ["preresnet164_drop", "wrn28x10_swag"])
+def test_swag_code_configs(config):
+    name, kw = config_kwargs(config)
+    with torch.device("meta"):
+        model = create_model(name, 10, CIFAR, **{**kw, "dropout": 0.05})
+    drops = _dropouts(model)
+    if config == "preresnet164_drop":
+        assert kw["dropout"] == 0.01
+        assert len(drops) == 81 * 3 + 3 + 1  # 81 bottlenecks x 3 convs, 3 projections, classifier
+    else:
+        assert len(drops) == 12 + 1  # WideResNet28x10Drop: one per block + the classifier
+
+
+# ---------------------------------------------------------------- FRN
 
 
 def test_frn_normalises_and_tlu_thresholds():
@@ -121,7 +449,9 @@ def test_frn_is_per_example():
 
 
 def test_unknown_model_lists_registered_names():
-    assert {"mlp", "wrn", "preresnet", "resnet20_frn"} <= set(list_models())
+    assert {"mlp", "wrn", "preresnet", "resnet20_frn", "resnet_cifar", "vgg", "densenet161"} <= set(
+        list_models()
+    )
     with pytest.raises(KeyError) as err:
         create_model("resnet9000", num_classes=10, input_shape=CIFAR)
     message = str(err.value)
@@ -129,37 +459,67 @@ def test_unknown_model_lists_registered_names():
     assert all(name in message for name in list_models())
 
 
-def test_stride_on_moves_downsampling_not_parameters():
-    kw = dict(num_classes=10, input_shape=CIFAR, depth=10, widen_factor=2)
-    first = create_model("wrn", stride_on="first", **kw)
-    second = create_model("wrn", stride_on="second", **kw)
-    assert n_params(first) == n_params(second)
-
-    def conv1_output_size(model):
-        sizes = []
-        block = model.stages[1][0]  # first block of stage 2 downsamples 32x32 -> 16x16
-        handle = block.conv1.register_forward_hook(lambda m, i, o: sizes.append(tuple(o.shape[-2:])))
-        out = model(torch.randn(2, *CIFAR))
-        handle.remove()
-        return sizes[0], out.shape
-
-    assert conv1_output_size(first) == ((16, 16), (2, 10))
-    assert conv1_output_size(second) == ((32, 32), (2, 10))
-    with pytest.raises(ValueError):
-        create_model("wrn", stride_on="third", **kw)
+# ---------------------------------------------------------------- local pretrained weights
 
 
-@pytest.mark.parametrize("config", sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
-def test_configs_instantiate(config):
-    """Each configs/model YAML builds via Hydra, dataset values interpolated (ListConfig shape)."""
-    model_cfg = OmegaConf.load(CONFIG_DIR / f"{config}.yaml")
-    expected = {"mlp": 545_810} | {k: v[2] for k, v in PARAM_COUNTS.items()}
-    if config == "wrn28x10":
-        # The count is already checked above; instantiate a thinner copy to keep this test fast.
-        model_cfg.widen_factor = 2
-        expected[config] = PARAM_COUNTS["wrn28x2"][2]
-    shape = [1, 28, 28] if config == "mlp" else list(CIFAR)
-    cfg = OmegaConf.create({"dataset": {"num_classes": 10, "input_shape": shape}, "model": model_cfg})
-    model = instantiate(cfg.model)
-    assert n_params(model) == expected[config]
-    assert model(torch.randn(2, *shape)).shape == (2, 10)
+@pytest.mark.parametrize("name", ["densenet161", "resnet152", "deit_base", "vit_b16"])
+def test_missing_pretrained_path_is_a_clear_error(name, tmp_path):
+    if name in TIMM:
+        pytest.importorskip("timm")
+    with pytest.raises(FileNotFoundError, match="never downloaded"):
+        create_model(name, 10, (3, 224, 224), pretrained_path=str(tmp_path / "nope.pth"))
+
+
+def test_torchvision_pretrained_path_loads_and_replaces_the_head(tmp_path):
+    import torchvision
+
+    from flatbnn.models.torchvision_models import _build
+
+    torch.manual_seed(0)
+    source = torchvision.models.resnet18(num_classes=1000)
+    state = {"module." + k: v for k, v in source.state_dict().items()}  # a DataParallel checkpoint
+    torch.save({"state_dict": state, "epoch": 3}, tmp_path / "r18.pth")
+    same = _build("resnet18", 1000, (3, 224, 224), str(tmp_path / "r18.pth"), False)
+    for k, v in source.state_dict().items():
+        assert torch.equal(same.state_dict()[k], v), k
+    other = _build("resnet18", 10, (3, 64, 64), str(tmp_path / "r18.pth"), False)
+    assert other.fc.out_features == 10
+    for k, v in source.state_dict().items():
+        if not k.startswith("fc."):
+            assert torch.equal(other.state_dict()[k], v), k
+
+
+def test_legacy_densenet_keys_are_renamed(tmp_path):
+    t = torch.zeros(1)
+    legacy = {"features.denseblock1.denselayer1.norm.1.weight": t, "classifier.bias": t}
+    torch.save(legacy, tmp_path / "d.pth")
+    assert set(read_state_dict(tmp_path / "d.pth")) == {
+        "features.denseblock1.denselayer1.norm1.weight", "classifier.bias"
+    }
+
+
+def test_timm_pretrained_path_loads_locally(tmp_path):
+    """timm's own loader on a local file (DeiT-style {'model': ...}); another head size is dropped."""
+    pytest.importorskip("timm")
+    from flatbnn.models.vit import build_timm_vit
+
+    torch.manual_seed(0)
+    source = build_timm_vit("vit_tiny_patch16_224", 1000, CIFAR)
+    torch.save({"model": source.state_dict()}, tmp_path / "vit.pth")
+    model = build_timm_vit("vit_tiny_patch16_224", 10, CIFAR, pretrained_path=str(tmp_path / "vit.pth"))
+    assert model.head.out_features == 10
+    for k, v in source.state_dict().items():
+        if not k.startswith("head."):
+            assert torch.equal(model.state_dict()[k], v), k
+
+
+# ---------------------------------------------------------------- docs
+
+
+def test_docs_table_lists_every_config_with_its_count():
+    text = (REPO / "docs" / "models.md").read_text()
+    text = text[text.index("<!-- param-table:start -->") : text.index("<!-- param-table:end -->")]
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| (\w+) \|.*$", text, re.M)}
+    for config, count in EXACT.items():
+        assert config in rows, f"docs/models.md has no row for {config}"
+        assert f"{count:,}" in rows[config], f"docs/models.md: stale count for {config}"

@@ -68,4 +68,18 @@ def in_channels_of(input_shape: Sequence[int] | None, default: int = 3) -> int:
 
 
 # Imported last so the family modules can use ``register_model`` at import time.
-from . import mlp, preresnet, resnet_frn, wrn  # noqa: E402,F401
+from . import (  # noqa: E402,F401
+    densenet,
+    lenet,
+    mlp,
+    preresnet,
+    pyramidnet,
+    resnet,
+    resnet_cifar,
+    resnet_frn,
+    resnext,
+    torchvision_models,
+    vgg,
+    vit,
+    wrn,
+)

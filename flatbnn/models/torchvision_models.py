@@ -1,0 +1,71 @@
+"""ImageNet networks from torchvision: DenseNet-161 and ResNet-152 (flat_seeking_bnn Table 4).
+
+The flat_seeking_bnn ImageNet code builds ``torchvision.models.<name>(pretrained=True)`` and runs
+SWAG / SGLD (and their F- versions) from those weights for 10 epochs. Here the torchvision builders are
+called with ``weights=None`` (random init, nothing downloaded) and ``num_classes`` from the data set:
+
+* ``pretrained_path``: a local state_dict file (plain, or under 'state_dict' / 'model'; 'module.'
+  prefixes and torchvision's legacy DenseNet key names are handled) loaded into the model; a classifier
+  of another shape (1000-class weights into a 10-class model) is skipped and left freshly initialised.
+  A missing file raises FileNotFoundError.
+* ``pretrained: true`` asks torchvision for its ``IMAGENET1K_V1`` weights -- what ``pretrained=True``
+  meant when the paper's code ran -- and so downloads them: for users with internet only, off by
+  default and never used by the tests. Needs ``num_classes`` 1000.
+
+Inputs: 3 channels, any size >= 32 (adaptive pooling); the papers use 3x224x224.
+DenseNet-161: 28,681,000 parameters, ResNet-152: 60,192,808 (1000 classes), as torchvision documents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torchvision
+from torch import nn
+
+from . import register_model
+from ._common import check_file, load_pretrained_
+
+
+def _build(
+    name: str,
+    num_classes: int,
+    input_shape: Sequence[int] | None,
+    pretrained_path: str | None,
+    pretrained: bool,
+) -> nn.Module:
+    if input_shape is not None and (len(input_shape) != 3 or int(input_shape[0]) != 3):
+        raise ValueError(f"{name} takes 3-channel (3, H, W) images, got {tuple(input_shape)}")
+    path = check_file(pretrained_path)  # fail before the (slow) build
+    if pretrained and path is not None:
+        raise ValueError("give pretrained_path or pretrained, not both")
+    builder: Callable[..., nn.Module] = getattr(torchvision.models, name)
+    if pretrained:
+        if num_classes != 1000:
+            raise ValueError(f"pretrained {name} weights have 1000 classes, not {num_classes}")
+        weights = torchvision.models.get_model_weights(name).IMAGENET1K_V1
+        return builder(weights=weights)
+    model = builder(weights=None, num_classes=num_classes)
+    if path is not None:
+        load_pretrained_(model, path, head_prefixes=("fc.", "classifier."))
+    return model
+
+
+@register_model("densenet161")
+def densenet161(
+    num_classes: int,
+    input_shape: Sequence[int] | None = None,
+    pretrained_path: str | None = None,
+    pretrained: bool = False,
+) -> nn.Module:
+    return _build("densenet161", num_classes, input_shape, pretrained_path, bool(pretrained))
+
+
+@register_model("resnet152")
+def resnet152(
+    num_classes: int,
+    input_shape: Sequence[int] | None = None,
+    pretrained_path: str | None = None,
+    pretrained: bool = False,
+) -> nn.Module:
+    return _build("resnet152", num_classes, input_shape, pretrained_path, bool(pretrained))

@@ -2,12 +2,13 @@
 
 ``build_dataset(name, **kwargs)`` dispatches to a builder registered with
 ``@register_dataset(name)``. Every builder accepts at least ``root``, ``train_subset``,
-``test_subset``, ``val_split``, ``augment``, ``seed`` and ``download``, and checks the
-``num_classes`` / ``input_shape`` keys the config passes along against the data.
+``test_subset``, ``val_split``, ``augment``, ``seed`` and ``download``, plus the common options
+``label_noise``, ``ood``/``ood_roots``/``ood_subset`` and (array-backed sets) ``loader``, and
+checks the ``num_classes`` / ``input_shape`` keys the config passes along against the data.
 
 Items of every data set are ``(x: FloatTensor, y: int)``. The train set always has
 ``set_epoch(epoch)``; its random augmentation is a deterministic function of
-``(seed, epoch, index)`` (see :mod:`flatbnn.data.transforms`).
+``(seed, epoch, index)`` (see :mod:`flatbnn.data.transforms`). See docs/data.md.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+import torch
 from torch.utils.data import Dataset
 
 __all__ = [
     "DataBundle",
+    "finish_bundle",
+    "make_bundle",
     "build_dataset",
     "register_dataset",
     "list_datasets",
@@ -31,8 +35,12 @@ class DataBundle:
     """What a data set builder returns.
 
     ``train`` has ``set_epoch(epoch)``; ``val`` (if any) is held out from the training
-    data and never augmented; ``ood`` maps names to out-of-distribution test sets.
-    ``meta`` carries free-form extras (class names, normalisation constants, ...).
+    data and never augmented; ``ood`` maps names to out-of-distribution test sets (normalised
+    with the in-distribution statistics); ``shift`` maps ``"<corruption>/<severity>"`` to
+    distribution-shifted test sets with the in-distribution labels (CIFAR-10-C), index i of
+    each being the corrupted version of index i of ``test`` when both come from the same
+    CIFAR-10 test set. ``meta`` carries free-form extras (class names, normalisation constants,
+    the noisy-label mask, the corruption groups, ...).
     """
 
     train: Dataset
@@ -43,6 +51,7 @@ class DataBundle:
     ood: dict[str, Dataset] = field(default_factory=dict)
     name: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+    shift: dict[str, Dataset] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.num_classes = int(self.num_classes)
@@ -106,6 +115,116 @@ def check_expected(
             )
 
 
+LOADERS = ("cpu", "device")
+
+
+def as_list(value: Any) -> list[Any]:
+    """``None`` -> ``[]``, a string -> ``[value]``, any sequence (also OmegaConf's) -> ``list``."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return list(value)
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    """``None`` -> ``{}``; any mapping (also OmegaConf's) -> ``dict``."""
+    if value is None:
+        return {}
+    return {str(k): v for k, v in value.items()}
+
+
+def check_loader(dataset: str, loader: Any, augment: str, allowed: Iterable[str] = LOADERS) -> str:
+    """Validate ``dataset.loader`` (``cpu`` | ``device``; the engine picks the loader class)."""
+    loader = "cpu" if loader in (None, False) else str(loader)
+    allowed = tuple(allowed)
+    if loader not in allowed:
+        raise ValueError(f"{dataset}: loader must be one of {list(allowed)}, got {loader!r}")
+    if loader == "device" and augment not in ("none", "crop_flip"):
+        raise ValueError(f"{dataset}: loader=device supports augment none|crop_flip, got {augment!r}")
+    return loader
+
+
+def finish_bundle(
+    name: str,
+    train_base: Any,
+    test: Dataset,
+    *,
+    num_classes: int,
+    val_split: int = 0,
+    augment: str = "none",
+    seed: int = 0,
+    val_seed: int = 0,
+    label_noise: float = 0.0,
+    label_noise_seed: int = 0,
+    ood: Any = None,
+    ood_roots: Any = None,
+    ood_subset: int | None = None,
+    root: Any = None,
+    download: bool = False,
+    cache_dir: Any = None,
+    loader: str = "cpu",
+    shift: dict[str, Dataset] | None = None,
+    meta: dict[str, Any] | None = None,
+) -> DataBundle:
+    """The steps every builder shares, in this order:
+
+    1. hold out ``val_split`` training examples (fixed permutation, ``val_seed``; never augmented,
+       labels clean);
+    2. symmetric label noise on the remaining training labels (exact fraction, fixed RNG
+       independent of the run seed); ``meta["noisy_mask"]`` (bool, train order; all False without
+       noise), ``meta["clean_targets"]`` and ``meta["label_noise"]`` are always set;
+    3. wrap the training set for ``augment``;
+    4. build the OOD test sets named in ``ood`` (each from ``ood_roots[name]``, default
+       ``root``), normalised with this data set's statistics.
+
+    ``train_base`` is an :class:`~flatbnn.data.transforms.ArrayDataset` or an
+    :class:`~flatbnn.data.imagefolder.ImageFileDataset` (anything with ``subset``, ``targets``,
+    ``mean``/``std`` and ``item_shape``).
+    """
+    from flatbnn.data.transforms import holdout_split, make_train_set, symmetric_label_noise
+
+    meta = dict(meta or {})
+    val = None
+    if val_split:
+        keep, held = holdout_split(len(train_base), val_split, seed=val_seed)
+        val = train_base.subset(held)
+        train_base = train_base.subset(keep)
+    rate = float(label_noise or 0.0)
+    clean = train_base.targets.numpy().copy()
+    noisy, mask = symmetric_label_noise(clean, rate, num_classes, seed=label_noise_seed)
+    if rate:
+        train_base.targets = torch.from_numpy(noisy)
+    meta.update(noisy_mask=mask, clean_targets=clean,
+                label_noise={"rate": rate, "num_noisy": int(mask.sum()), "seed": int(label_noise_seed),
+                             "kind": "symmetric (uniform over the other classes)"})
+    mean = tuple(float(m) for m in train_base.mean.reshape(-1))
+    std = tuple(float(s) for s in train_base.std.reshape(-1))
+    ood_sets: dict[str, Dataset] = {}
+    names = [str(n) for n in as_list(ood)]
+    ood_roots = {k: v for k, v in as_dict(ood_roots).items() if v not in (None, "")}
+    unknown = sorted(set(ood_roots) - set(names))
+    if unknown:
+        raise ValueError(f"{name}: ood_roots names {unknown} that are not in ood={names}")
+    if names:
+        from flatbnn.data.ood import build_ood_sets
+
+        ood_sets = build_ood_sets(names, ood_roots, root, in_name=name,
+                                  item_shape=tuple(train_base.item_shape), mean=mean, std=std,
+                                  subset=ood_subset, download=download, cache_dir=cache_dir)
+    return DataBundle(
+        train=make_train_set(train_base, augment, seed),
+        test=test,
+        num_classes=num_classes,
+        input_shape=tuple(train_base.item_shape),
+        val=val,
+        ood=ood_sets,
+        name=name,
+        meta=dict(meta, mean=mean, std=std, augment=augment, loader=loader),
+        shift=dict(shift or {}),
+    )
+
+
 def make_bundle(
     name: str,
     train: tuple[Any, Any],
@@ -115,34 +234,15 @@ def make_bundle(
     mean: Any,
     std: Any,
     scale: float | None = None,
-    val_split: int = 0,
-    augment: str = "none",
-    seed: int = 0,
-    val_seed: int = 0,
     meta: dict[str, Any] | None = None,
+    **options: Any,
 ) -> DataBundle:
-    """Arrays -> DataBundle: hold out ``val_split`` training examples (fixed permutation,
-    ``val_seed``), wrap the rest for augmentation; val/test are never augmented."""
-    from flatbnn.data.transforms import ArrayDataset, holdout_split, make_train_set
+    """Arrays -> DataBundle via :func:`finish_bundle` (``options``: its keyword arguments)."""
+    from flatbnn.data.transforms import ArrayDataset
 
-    train_x, train_y = train
-    val = None
-    if val_split:
-        keep, held = holdout_split(len(train_y), val_split, seed=val_seed)
-        val = ArrayDataset(train_x[held], train_y[held], mean=mean, std=std, scale=scale)
-        train_x, train_y = train_x[keep], train_y[keep]
-    base = ArrayDataset(train_x, train_y, mean=mean, std=std, scale=scale)
+    base = ArrayDataset(train[0], train[1], mean=mean, std=std, scale=scale)
     test_ds = ArrayDataset(test[0], test[1], mean=mean, std=std, scale=scale)
-    return DataBundle(
-        train=make_train_set(base, augment, seed),
-        test=test_ds,
-        num_classes=num_classes,
-        input_shape=base.item_shape,
-        val=val,
-        name=name,
-        meta=dict(meta or {}, mean=tuple(float(m) for m in base.mean.reshape(-1)),
-                  std=tuple(float(s) for s in base.std.reshape(-1))),
-    )
+    return finish_bundle(name, base, test_ds, num_classes=num_classes, meta=meta, **options)
 
 
 def warn_unused(dataset: str, unused: dict[str, Any]) -> None:
@@ -155,4 +255,8 @@ def warn_unused(dataset: str, unused: dict[str, Any]) -> None:
 
 # Register the built-in data sets (imported last: they import the names above).
 from flatbnn.data import cifar as _cifar  # noqa: E402,F401
+from flatbnn.data import cifar10_c as _cifar10_c  # noqa: E402,F401
 from flatbnn.data import digits as _digits  # noqa: E402,F401
+from flatbnn.data import imagefolder as _imagefolder  # noqa: E402,F401
+from flatbnn.data import mnist as _mnist  # noqa: E402,F401
+from flatbnn.data import svhn as _svhn  # noqa: E402,F401

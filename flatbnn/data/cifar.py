@@ -1,4 +1,4 @@
-"""CIFAR-10 from any of three layouts under ``root``.
+"""CIFAR-10 from any of three layouts under ``root``; CIFAR-100 from torchvision's pickles.
 
 (a) torchvision: ``<root>/cifar-10-batches-py`` (pickled batches; ``download=True`` fetches it
     with ``torchvision.datasets.CIFAR10``).
@@ -16,6 +16,13 @@ equal arrays, subsets and augmentations whatever the layout.
 Subsets (``train_subset``/``test_subset``) are class-balanced with a fixed RNG (seed 0),
 independent of the run seed; ``val_split`` holds out the last k of a fixed permutation of
 the (subset) training set.
+
+CIFAR-100 (``cifar100``): ``<root>/cifar-100-python/{train,test,meta}`` (torchvision's pickle
+layout, fine labels; ``download=True`` fetches it with ``torchvision.datasets.CIFAR100``), in
+the same canonical order (by fine class, then file position).
+
+``build_cifar10(shift_root=...)`` also fills ``DataBundle.shift`` with CIFAR-10-C
+(:mod:`flatbnn.data.cifar10_c`).
 """
 
 from __future__ import annotations
@@ -33,7 +40,9 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from flatbnn.data import DataBundle, check_expected, make_bundle, register_dataset, warn_unused
+from flatbnn.data import (DataBundle, check_expected, check_loader, make_bundle, register_dataset,
+                          warn_unused)
+from flatbnn.data.ood import register_test_loader
 from flatbnn.data.transforms import balanced_subset, check_augment
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -55,12 +64,12 @@ Arrays = tuple[np.ndarray, np.ndarray]  # uint8 [N, 32, 32, 3], int64 [N]
 
 # --------------------------------------------------------------------------- locating
 
-def not_found_message(root: Any) -> str:
+def not_found_message(root: Any, key: str = "dataset.root") -> str:
     return (
         f"CIFAR-10 not found under '{root}': expected {root}/{TV_FOLDER} (torchvision layout), "
         f"{root}/{{train,test}}/<class>/ image folders, or a .tar.gz of those; "
-        "set dataset.root=/path/to/cifar10_jpeg.tar.gz, or dataset.download=true to fetch it "
-        "from the official site."
+        f"set {key}=/path/to/cifar10_jpeg.tar.gz (or a folder holding one of those), or "
+        "dataset.download=true to fetch it from https://www.cs.toronto.edu/~kriz/cifar.html."
     )
 
 
@@ -469,18 +478,21 @@ def load_cifar10_arrays(
     test_subset: int | None = None,
     download: bool = False,
     cache_dir: Any = None,
+    key: str = "dataset.root",
+    splits: Iterable[str] = _SPLITS,
 ) -> tuple[dict[str, Arrays], list[str], str]:
-    """``({"train": (x, y), "test": (x, y)}, classes, layout)`` with subsets already applied."""
-    subsets = {"train": train_subset, "test": test_subset}
+    """``({"train": (x, y), "test": (x, y)}, classes, layout)`` with subsets already applied
+    (only the ``splits`` asked for; ``key`` names the config key of ``root`` in error messages)."""
+    subsets = {s: n for s, n in (("train", train_subset), ("test", test_subset)) if s in tuple(splits)}
     loc = locate(root)
     if loc is None and download:
         root_path = Path(os.path.expanduser(str(root)))
         if _is_archive(root_path):
-            raise FileNotFoundError(f"CIFAR-10 archive '{root}' does not exist; dataset.download=true needs dataset.root to be a directory")
+            raise FileNotFoundError(f"CIFAR-10 archive '{root}' does not exist; dataset.download=true needs {key} to be a directory")
         data, classes = _load_torchvision(root_path / TV_FOLDER, download_root=root_path)
         layout = "torchvision"
     elif loc is None:
-        raise FileNotFoundError(not_found_message(root))
+        raise FileNotFoundError(not_found_message(root, key))
     else:
         layout, path = loc
         if layout == "torchvision":
@@ -491,12 +503,49 @@ def load_cifar10_arrays(
             data, classes = _load_archive(path, subsets, resolve_cache_dir(cache_dir))
     if layout == "torchvision":
         for split, n in subsets.items():
-            x, y = data[split]
-            # canonical order as for the folders: by class, then by position within the class
-            order = np.argsort(y, kind="stable")
-            sel = order[balanced_subset(y[order], n, seed=SUBSET_SEED, num_classes=NUM_CLASSES)]
-            data[split] = (x[sel], y[sel])
+            data[split] = canonical_subset(*data[split], n, NUM_CLASSES)
+    data = {s: data[s] for s in subsets}
     return data, list(classes) if classes else list(CLASSES), layout
+
+
+def canonical_subset(x: np.ndarray, y: np.ndarray, n: int | None, num_classes: int) -> Arrays:
+    """Canonical order (by class, then by position within the class) and the fixed class-balanced
+    subset of ``n`` (all if None), as every layout of every array data set uses."""
+    y = np.asarray(y, dtype=np.int64)
+    order = np.argsort(y, kind="stable")
+    sel = order[balanced_subset(y[order], n, seed=SUBSET_SEED, num_classes=num_classes)]
+    return x[sel], y[sel]
+
+
+def check_arrays(dataset: str, data: dict[str, Arrays], shape: tuple[int, ...], num_classes: int) -> None:
+    for split, (x, y) in data.items():
+        if tuple(x.shape[1:]) != tuple(shape) or len(x) != len(y):
+            raise ValueError(f"{dataset} {split}: unexpected array shapes {x.shape}, {y.shape}")
+        if len(y) and (y.min() < 0 or y.max() >= num_classes):
+            raise ValueError(f"{dataset} {split}: labels outside [0, {num_classes})")
+
+
+def common_options(dataset: str, augment: Any, loader: Any, label_noise: Any, label_noise_seed: Any,
+                   ood: Any, ood_roots: Any, ood_subset: Any, root: Any, download: Any, cache_dir: Any,
+                   val_split: Any, seed: Any, allowed_augment: Iterable[str] | None = None,
+                   allowed_loader: Iterable[str] = ("cpu", "device")) -> dict[str, Any]:
+    """Validated keyword arguments for :func:`flatbnn.data.finish_bundle` shared by the builders."""
+    augment = check_augment(dataset, augment) if allowed_augment is None else check_augment(dataset, augment, tuple(allowed_augment))
+    return dict(
+        augment=augment,
+        loader=check_loader(dataset, loader, augment, allowed_loader),
+        label_noise=float(label_noise or 0.0),
+        label_noise_seed=int(label_noise_seed or 0),
+        ood=ood, ood_roots=ood_roots, ood_subset=ood_subset, root=root, download=bool(download),
+        cache_dir=cache_dir, val_split=int(val_split or 0), seed=int(seed),
+    )
+
+
+@register_test_loader("cifar10")
+def cifar10_test_arrays(root: Any, *, subset: int | None = None, download: bool = False, cache_dir: Any = None,
+                        key: str = "dataset.root") -> Arrays:
+    data, _, _ = load_cifar10_arrays(root, None, subset, download, cache_dir, key=key, splits=("test",))
+    return data["test"]
 
 
 @register_dataset("cifar10")
@@ -511,28 +560,128 @@ def build_cifar10(
     cache_dir: Any = None,
     num_classes: int | None = None,
     input_shape: Any = None,
+    label_noise: float = 0.0,
+    label_noise_seed: int = 0,
+    ood: Any = None,
+    ood_roots: Any = None,
+    ood_subset: int | None = None,
+    loader: str = "cpu",
+    shift_root: Any = None,
+    shift_corruptions: Any = "all",
+    shift_severities: Any = (1, 2, 3, 4, 5),
     **unused: Any,
 ) -> DataBundle:
+    """CIFAR-10; with ``shift_root`` also ``bundle.shift`` = CIFAR-10-C (``"<corruption>/<severity>"``)."""
     unused.pop("name", None)
     warn_unused("cifar10", unused)
-    augment = check_augment("cifar10", augment)
+    opts = common_options("cifar10", augment, loader, label_noise, label_noise_seed, ood, ood_roots,
+                          ood_subset, root, download, cache_dir, val_split, seed)
     check_expected("cifar10", NUM_CLASSES, INPUT_SHAPE, num_classes, input_shape)
     data, classes, layout = load_cifar10_arrays(root, train_subset, test_subset, download, cache_dir)
-    for split, (x, y) in data.items():
-        if x.shape[1:] != (32, 32, 3) or len(x) != len(y):
-            raise ValueError(f"cifar10 {split}: unexpected array shapes {x.shape}, {y.shape}")
-        if len(y) and (y.min() < 0 or y.max() >= NUM_CLASSES):
-            raise ValueError(f"cifar10 {split}: labels outside [0, {NUM_CLASSES})")
+    check_arrays("cifar10", data, (32, 32, 3), NUM_CLASSES)
+    meta = {"classes": tuple(classes), "layout": layout, "root": str(root)}
+    shift = {}
+    if shift_root not in (None, ""):
+        from flatbnn.data.cifar10_c import load_shift_sets
+
+        shift, shift_meta = load_shift_sets(shift_root, shift_corruptions, shift_severities, test_subset,
+                                            key="dataset.shift_root")
+        meta.update(shift_meta)
     return make_bundle(
-        "cifar10",
-        data["train"],
-        data["test"],
-        num_classes=NUM_CLASSES,
-        mean=MEAN,
-        std=STD,
-        scale=255.0,
-        val_split=val_split,
-        augment=augment,
-        seed=seed,
-        meta={"classes": tuple(classes), "layout": layout, "root": str(root)},
+        "cifar10", data["train"], data["test"], num_classes=NUM_CLASSES, mean=MEAN, std=STD, scale=255.0,
+        meta=meta, shift=shift, **opts,
+    )
+
+
+# --------------------------------------------------------------------------- CIFAR-100
+
+C100_FOLDER = "cifar-100-python"
+C100_NUM_CLASSES = 100
+C100_MEAN = (0.5071, 0.4865, 0.4409)
+C100_STD = (0.2673, 0.2564, 0.2762)
+
+
+def c100_not_found_message(root: Any, key: str = "dataset.root") -> str:
+    return (
+        f"CIFAR-100 not found under '{root}': expected {root}/{C100_FOLDER}/{{train,test,meta}} "
+        f"(torchvision's pickle layout); set {key} to the folder holding {C100_FOLDER}, or "
+        "dataset.download=true to fetch it from https://www.cs.toronto.edu/~kriz/cifar.html."
+    )
+
+
+def locate_cifar100(root: Any) -> Path | None:
+    root = Path(os.path.expanduser(str(root)))
+    for cand in (root / C100_FOLDER, root):
+        if (cand / "test").is_file() and (cand / "train").is_file():
+            return cand
+    return None
+
+
+def load_cifar100_arrays(
+    root: Any,
+    train_subset: int | None = None,
+    test_subset: int | None = None,
+    download: bool = False,
+    key: str = "dataset.root",
+    splits: Iterable[str] = _SPLITS,
+) -> tuple[dict[str, Arrays], list[str]]:
+    """``({"train": (x, y), "test": (x, y)}, fine class names)`` in canonical order, subsets applied."""
+    folder = locate_cifar100(root)
+    if folder is None and download:
+        import torchvision
+
+        for split in _SPLITS:  # downloads and md5-checks the official archive
+            torchvision.datasets.CIFAR100(os.path.expanduser(str(root)), train=split == "train", download=True)
+        folder = locate_cifar100(root)
+    if folder is None:
+        raise FileNotFoundError(c100_not_found_message(root, key))
+    subsets = {s: n for s, n in (("train", train_subset), ("test", test_subset)) if s in tuple(splits)}
+    out = {}
+    for split, n in subsets.items():
+        d = _unpickle(folder / split)
+        x = np.asarray(d["data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+        y = np.asarray(d["fine_labels"], dtype=np.int64)
+        out[split] = canonical_subset(x, y, n, C100_NUM_CLASSES)
+    meta = folder / "meta"
+    classes = list(_unpickle(meta)["fine_label_names"]) if meta.is_file() else [str(i) for i in range(C100_NUM_CLASSES)]
+    return out, classes
+
+
+@register_test_loader("cifar100")
+def cifar100_test_arrays(root: Any, *, subset: int | None = None, download: bool = False, cache_dir: Any = None,
+                         key: str = "dataset.root") -> Arrays:
+    return load_cifar100_arrays(root, None, subset, download, key=key, splits=("test",))[0]["test"]
+
+
+@register_dataset("cifar100")
+def build_cifar100(
+    root: Any = "data",
+    train_subset: int | None = None,
+    test_subset: int | None = None,
+    val_split: int = 0,
+    augment: str = "crop_flip",
+    seed: int = 0,
+    download: bool = False,
+    num_classes: int | None = None,
+    input_shape: Any = None,
+    label_noise: float = 0.0,
+    label_noise_seed: int = 0,
+    ood: Any = None,
+    ood_roots: Any = None,
+    ood_subset: int | None = None,
+    loader: str = "cpu",
+    cache_dir: Any = None,
+    **unused: Any,
+) -> DataBundle:
+    """CIFAR-100 (fine labels); ``cache_dir`` is only used by OOD sets that need it (CIFAR-10 archives)."""
+    unused.pop("name", None)
+    warn_unused("cifar100", unused)
+    opts = common_options("cifar100", augment, loader, label_noise, label_noise_seed, ood, ood_roots,
+                          ood_subset, root, download, cache_dir, val_split, seed)
+    check_expected("cifar100", C100_NUM_CLASSES, INPUT_SHAPE, num_classes, input_shape)
+    data, classes = load_cifar100_arrays(root, train_subset, test_subset, download)
+    check_arrays("cifar100", data, (32, 32, 3), C100_NUM_CLASSES)
+    return make_bundle(
+        "cifar100", data["train"], data["test"], num_classes=C100_NUM_CLASSES, mean=C100_MEAN, std=C100_STD,
+        scale=255.0, meta={"classes": tuple(classes), "layout": "torchvision", "root": str(root)}, **opts,
     )

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from flatbnn.data import DataBundle, check_expected, make_bundle, register_dataset, warn_unused
-from flatbnn.data.transforms import balanced_subset, check_augment
+from flatbnn.data.transforms import balanced_subset
 
 NUM_CLASSES = 10
 INPUT_SHAPE = (1, 8, 8)
@@ -58,12 +58,23 @@ def build_digits(
     download: bool = False,
     num_classes: int | None = None,
     input_shape: Any = None,
+    label_noise: float = 0.0,
+    label_noise_seed: int = 0,
+    ood: Any = None,
+    ood_roots: Any = None,
+    ood_subset: int | None = None,
+    loader: str = "cpu",
+    cache_dir: Any = None,
     **unused: Any,
 ) -> DataBundle:
-    """``root`` and ``download`` are accepted and ignored (the data ships with scikit-learn)."""
+    """``root`` and ``download`` are accepted and ignored (the data ships with scikit-learn);
+    ``root`` is the default folder of OOD sets named in ``ood`` (resized to 8x8 grey)."""
     unused.pop("name", None)
     warn_unused("digits", unused)
-    augment = check_augment("digits", augment, allowed=("none",))
+    from flatbnn.data.cifar import common_options
+
+    opts = common_options("digits", augment, loader, label_noise, label_noise_seed, ood, ood_roots, ood_subset,
+                          root, download, cache_dir, val_split, seed, allowed_augment=("none",))
     check_expected("digits", NUM_CLASSES, INPUT_SHAPE, num_classes, input_shape)
 
     images, labels = load_digits_arrays()
@@ -88,8 +99,6 @@ def build_digits(
         mean=[mean],
         std=[std],
         scale=16.0,
-        val_split=val_split,
-        augment=augment,
-        seed=seed,
         meta={"classes": tuple(str(i) for i in range(NUM_CLASSES))},
+        **opts,
     )

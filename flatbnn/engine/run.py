@@ -100,14 +100,25 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict | None:
         raise ValueError(f"trainer.batch_size={tc.batch_size} (global) must be divisible by the "
                          f"{info.world_size} processes")
     per_rank = tc.batch_size // info.world_size
-    sampler = D.ResumableSampler(bundle.train, num_replicas=info.world_size, rank=info.rank,
-                                 shuffle=True, seed=cfg.seed)
-    train_loader = _loader(bundle.train, per_rank, sampler, tc.num_workers, device, cfg.seed)
+    if cfg.dataset.get("loader", "cpu") == "device":
+        # whole train set on the device, batched crop/flip there (equal in distribution to the CPU path)
+        from flatbnn.data.device_loader import DeviceLoader
+        train_loader = DeviceLoader(bundle.train, per_rank, device=device, seed=cfg.seed,
+                                    num_replicas=info.world_size, rank=info.rank)
+        sampler = train_loader.sampler
+    else:
+        sampler = D.ResumableSampler(bundle.train, num_replicas=info.world_size, rank=info.rank,
+                                     shuffle=True, seed=cfg.seed)
+        train_loader = _loader(bundle.train, per_rank, sampler, tc.num_workers, device, cfg.seed)
     eval_bs = tc.eval_batch_size
     eval_loaders = {"test": _loader(bundle.test, eval_bs, D.eval_sampler(bundle.test, info),
                                     tc.num_workers, device, cfg.seed)}
     for name, ds in (bundle.ood or {}).items():
         eval_loaders[f"ood/{name}"] = _loader(ds, eval_bs, D.eval_sampler(ds, info), tc.num_workers, device, cfg.seed)
+    shift_targets = {}
+    for name, ds in (getattr(bundle, "shift", None) or {}).items():
+        eval_loaders[f"shift/{name}"] = _loader(ds, eval_bs, D.eval_sampler(ds, info), tc.num_workers, device, cfg.seed)
+        shift_targets[f"shift/{name}"] = dataset_targets(ds)
     val_loader = None
     if bundle.val is not None and len(bundle.val) > 0:
         val_loader = _loader(bundle.val, eval_bs, D.eval_sampler(bundle.val, info), tc.num_workers, device, cfg.seed)
@@ -169,7 +180,8 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict | None:
                 evaluate_epoch=evaluate_epoch if tc.eval_every else None, generator=generator)
 
     # ---------------------------------------------------------------- final evaluation
-    metrics = evaluate(method, eval_loaders, test_targets, eval_cfg, gather=gather, keep_predictive=True)
+    metrics = evaluate(method, eval_loaders, test_targets, eval_cfg, gather=gather, keep_predictive=True,
+                       shift_targets=shift_targets)
     predictive = metrics.pop("_predictive")
     results = None
     if info.is_main:

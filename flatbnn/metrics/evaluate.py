@@ -40,10 +40,12 @@ def _gather(lp: torch.Tensor, n: int, gather) -> torch.Tensor:
 
 def evaluate(method, loaders: dict, targets: torch.Tensor, cfg: EvalConfig | None = None,
              num_samples: int | None = None, gather=None, keep_predictive: bool = False,
-             predict=None) -> dict:
-    """Metrics of the posterior predictive on ``loaders['test']`` and OOD metrics for every
-    other loader named ``ood/<name>``. ``gather(local, n_total)`` reassembles DDP shards.
-    ``predict(loaders)`` replaces ``method.predict`` (e.g. ``method.monitor`` during training)."""
+             predict=None, shift_targets: dict | None = None) -> dict:
+    """Metrics of the posterior predictive on ``loaders['test']``, OOD metrics for every loader
+    named ``ood/<name>`` and shift metrics (per set, corruption, severity, group and mean) for every
+    loader named ``shift/<corruption>/<severity>`` (targets in ``shift_targets[name]``).
+    ``gather(local, n_total)`` reassembles DDP shards. ``predict(loaders)`` replaces
+    ``method.predict`` (e.g. ``method.monitor`` during training)."""
     cfg = cfg or EvalConfig()
     sizes = {name: (len(targets) if name == "test" else len(loader.dataset))
              for name, loader in loaders.items()}
@@ -76,9 +78,34 @@ def evaluate(method, loaders: dict, targets: torch.Tensor, cfg: EvalConfig | Non
             out["ood"][name[4:]] = res
             if i == 0:  # the data set's primary OOD pairing gets the flat keys
                 out.update(res)
+    shift_names = [n for n in pred if n.startswith("shift/")]
+    if shift_names:
+        out["shift"] = shift_summary({n[6:]: _metrics(pred[n], shift_targets[n], cfg) for n in shift_names})
     if keep_predictive:
         out["_predictive"] = pred
     return out
+
+
+SHIFT_KEYS = ("accuracy", "nll", "ece", "brier")
+
+
+def shift_summary(per_set: dict[str, dict]) -> dict:
+    """``{"<corruption>/<severity>": metrics}`` -> per set, per corruption, per severity, per group
+    (flat_seeking_bnn Table 5: noise / blur / weather / digital) and the mean over all sets."""
+    from flatbnn.data.cifar10_c import GROUP_OF
+
+    def mean(rows):
+        return {k: sum(r[k] for r in rows) / len(rows) for k in SHIFT_KEYS}
+
+    by: dict[str, dict[str, list]] = {"corruption": {}, "severity": {}, "group": {}}
+    for key, m in per_set.items():
+        corruption, _, severity = key.rpartition("/")
+        by["corruption"].setdefault(corruption, []).append(m)
+        by["severity"].setdefault(severity, []).append(m)
+        by["group"].setdefault(GROUP_OF.get(corruption, "other"), []).append(m)
+    return {"sets": {k: {m: v[m] for m in SHIFT_KEYS} for k, v in per_set.items()},
+            **{f"per_{axis}": {k: mean(v) for k, v in sorted(groups.items())} for axis, groups in by.items()},
+            "mean": mean(list(per_set.values()))}
 
 
 def _metrics(log_probs: torch.Tensor, targets: torch.Tensor, cfg: EvalConfig) -> dict:

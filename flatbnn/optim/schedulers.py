@@ -49,3 +49,24 @@ def multistep(optimizer, total_steps: int, steps_per_epoch: int, milestones=(0.5
     """Step decay at the given fractions of training (e.g. 0.5, 0.75 of the epochs)."""
     boundaries = [int(round(f * total_steps)) for f in milestones]
     return LambdaLR(optimizer, _MultiStep(boundaries, gamma))
+
+
+class _SWA:
+    def __init__(self, total, start, factor):
+        self.total, self.start, self.factor = total, start, factor
+
+    def __call__(self, step: int) -> float:
+        t = step / max(1, self.start)
+        if t <= 0.5:
+            return 1.0
+        if t <= 0.9:
+            return 1.0 - (1.0 - self.factor) * (t - 0.5) / 0.4
+        return self.factor
+
+
+def swa(optimizer, total_steps: int, steps_per_epoch: int, swa_start: float = 0.5, swa_lr_factor: float = 0.05):
+    """The SWAG paper's schedule: lr for the first half of [0, swa_start], linear decay to
+    ``swa_lr_factor * lr`` by 0.9 * swa_start, then constant while SWA/SWAG collects.
+    ``swa_start`` < 1 is a fraction of training, >= 1 an epoch number (as ``method.swa_start``)."""
+    start = int(round(swa_start * total_steps)) if swa_start < 1 else int(swa_start * steps_per_epoch)
+    return LambdaLR(optimizer, _SWA(total_steps, start, swa_lr_factor))

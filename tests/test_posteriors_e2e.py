@@ -71,3 +71,17 @@ def test_killed_posterior_run_resumes_to_identical_result(method, extra, tmp_pat
     a, b = results(run)["metrics"], results(tmp_path / "ref")["metrics"]
     for k in ("accuracy", "nll", "ece", "brier"):
         assert a[k] == b[k], k
+
+
+@pytest.mark.slow
+def test_separately_trained_members_combine_into_an_ensemble(tmp_path):
+    """The cluster path: members as separate runs, combined afterwards by scripts/ensemble.py."""
+    for seed in (0, 1):
+        train_cli(DIGITS + ["method=map", "trainer.epochs=3", f"seed={seed}"], tmp_path / f"m{seed}")
+    subprocess.run([sys.executable, str(REPO / "scripts" / "ensemble.py"), str(tmp_path / "m0"), str(tmp_path / "m1"),
+                    "--out", str(tmp_path / "ens"), "--device", "cpu"], check=True, capture_output=True, cwd=REPO)
+    ens = results(tmp_path / "ens")
+    members = [results(tmp_path / f"m{s}")["metrics"] for s in (0, 1)]
+    assert ens["metrics"]["num_samples"] == 2 and ens["meta"]["member_seeds"] == [0, 1]
+    assert ens["metrics"]["single_sample"]["nll"] == pytest.approx(sum(m["nll"] for m in members) / 2, rel=1e-5)
+    assert ens["metrics"]["nll"] <= ens["metrics"]["single_sample"]["nll"]

@@ -70,3 +70,18 @@ def swa(optimizer, total_steps: int, steps_per_epoch: int, swa_start: float = 0.
     ``swa_start`` < 1 is a fraction of training, >= 1 an epoch number (as ``method.swa_start``)."""
     start = int(round(swa_start * total_steps)) if swa_start < 1 else int(swa_start * steps_per_epoch)
     return LambdaLR(optimizer, _SWA(total_steps, start, swa_lr_factor))
+
+
+class _Cyclical:
+    def __init__(self, total, cycles):
+        self.per = max(1, total // cycles)
+
+    def __call__(self, step: int) -> float:
+        t = (step % self.per) / self.per
+        return 0.5 * (1 + math.cos(math.pi * t))
+
+
+def cyclical(optimizer, total_steps: int, steps_per_epoch: int, cycles: int = 4):
+    """Cyclical cosine (Zhang et al. 2020, cSG-MCMC): ``cycles`` cosine decays from lr towards 0;
+    with ``method=sgld`` keep samples near the end of each cycle (``method.sample_every``)."""
+    return LambdaLR(optimizer, _Cyclical(total_steps, cycles))

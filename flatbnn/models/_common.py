@@ -27,6 +27,13 @@ def dropout_or_identity(p: float) -> nn.Module:
     return nn.Dropout(p) if p > 0 else nn.Identity()
 
 
+def projection_shortcut(in_ch: int, out_ch: int, stride: int) -> nn.Module:
+    """1x1 conv + BN shortcut when the shape changes, identity otherwise (He et al. option B)."""
+    if stride == 1 and in_ch == out_ch:
+        return nn.Identity()
+    return nn.Sequential(nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False), nn.BatchNorm2d(out_ch))
+
+
 def he_init_(model: nn.Module) -> None:
     """He-normal (fan_out) convolutions with zero biases; BatchNorm weight 1, bias 0."""
     for m in model.modules():

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import in_channels_of, register_model
-from ._common import dropout_or_identity, he_init_
+from ._common import dropout_or_identity, he_init_, projection_shortcut
 
 BLOCKS = {10: (1, 1, 1, 1), 18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}
 
@@ -37,13 +37,7 @@ class BasicBlock(nn.Module):
         self.bn1 = nn.BatchNorm2d(out_ch)
         self.conv2 = nn.Conv2d(out_ch, out_ch, 3, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(out_ch)
-        self.shortcut: nn.Module = (
-            nn.Sequential(
-                nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False), nn.BatchNorm2d(out_ch)
-            )
-            if stride != 1 or in_ch != out_ch
-            else nn.Identity()
-        )
+        self.shortcut = projection_shortcut(in_ch, out_ch, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.bn1(self.conv1(x)))

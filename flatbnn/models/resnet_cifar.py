@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import in_channels_of, register_model
-from ._common import dropout_or_identity, he_init_
+from ._common import dropout_or_identity, he_init_, projection_shortcut
 
 Shortcut = Literal["A", "B"]
 
@@ -60,9 +60,7 @@ class BasicBlock(nn.Module):
         elif shortcut == "A":
             self.shortcut = _PadShortcut(in_ch, out_ch, stride)
         else:
-            self.shortcut = nn.Sequential(
-                nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False), nn.BatchNorm2d(out_ch)
-            )
+            self.shortcut = projection_shortcut(in_ch, out_ch, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.bn1(self.conv1(x)))

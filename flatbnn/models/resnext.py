@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import in_channels_of, register_model
-from ._common import dropout_or_identity, he_init_
+from ._common import dropout_or_identity, he_init_, projection_shortcut
 
 
 class ResNeXtBlock(nn.Module):
@@ -39,13 +39,7 @@ class ResNeXtBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(group_width)
         self.conv3 = nn.Conv2d(group_width, out_ch, 1, bias=False)
         self.bn3 = nn.BatchNorm2d(out_ch)
-        self.shortcut: nn.Module = (
-            nn.Sequential(
-                nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False), nn.BatchNorm2d(out_ch)
-            )
-            if stride != 1 or in_ch != out_ch
-            else nn.Identity()
-        )
+        self.shortcut = projection_shortcut(in_ch, out_ch, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.bn1(self.conv1(x)))

@@ -135,13 +135,15 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict | None:
             t /= info.world_size
         return t
 
-    method.setup(RunContext(
+    ctx = RunContext(
         model=model, module=module, device=device, n_train=len(bundle.train), steps_per_epoch=steps_per_epoch,
         epochs=tc.epochs, optimizer_factory=instantiate(cfg.optimizer),
         scheduler_factory=instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
         label_smoothing=tc.label_smoothing, rank=info.rank, world_size=info.world_size, generator=generator,
         channels_last=tc.channels_last, model_factory=model_factory, train_loader=train_loader,
-        all_reduce_mean=all_reduce_mean, seed=cfg.seed))
+        all_reduce_mean=all_reduce_mean, seed=cfg.seed)
+    method.setup(ctx)
+    flatness.setup(ctx, method)
     total_epochs = tc.epochs * method.epoch_multiplier
     backprop = Backprop(module, device, precision=tc.precision, grad_clip=tc.grad_clip, ddp=ddp)
     eval_cfg = EvalConfig(**OmegaConf.to_container(cfg.metrics, resolve=True))

@@ -139,6 +139,8 @@ class Trainer:
                     if self.step_in_epoch >= steps_per_epoch:
                         break
                     batch = self.to_device(batch)
+                    if flatness.rho_schedule == "lr":
+                        flatness.set_lr_ratio(method.lr_ratio())
                     out = method.train_step(batch, flatness, backprop)
                     loss = float(out["loss"])
                     if not torch.isfinite(torch.tensor(loss)):

@@ -6,7 +6,13 @@ from flatbnn.flatness.base import Flatness
 class NoFlatness(Flatness):
     name = "none"
 
-    def gradient(self, params, loss_fn, batch, backprop, scaling=None):
+    def __init__(self):
+        super().__init__(rho=0.0, m=1)
+
+    def gradient(self, params, loss_fn, batch, backprop, scaling=None, perturb=None):
         loss = backprop.forward(loss_fn, batch)
         backprop.backward(loss)
         return loss.detach()
+
+    def describe(self) -> dict:
+        return {"name": self.name}

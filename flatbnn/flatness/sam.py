@@ -1,12 +1,12 @@
 """Sharpness-Aware Minimisation (Foret et al., ICLR 2021) -- the perturbation lives here.
 
 Per step:  g = grad L(w);  eps = rho * D g / ||D g||  (D = I for SAM);  take grad L(w + eps);
-restore w; the method steps with that gradient *at w*.
+restore w; the method steps with that gradient *at w*. ASAM, Fisher-SAM and geometry subclass
+this and override :meth:`direction` only.
 
 Design choices (see PITFALLS.md):
 * every parameter with a gradient is perturbed (biases and norm layers included) with one global
-  L2 norm, as in the JAX original and the flat_seeking_bnn code; subclasses (ASAM, Fisher-SAM)
-  override :meth:`direction` only;
+  L2 norm, as in the JAX original and the flat_seeking_bnn code;
 * weights are restored by copy, not by subtracting eps, so rho = 0 reproduces the base optimiser
   bit for bit;
 * BatchNorm running statistics are updated on the first pass only by default (``bn_stats``);
@@ -25,9 +25,17 @@ from typing import Sequence
 
 import torch
 
-from flatbnn.flatness.base import Flatness
+from flatbnn.flatness.base import Flatness, scaled
 
 BN_POLICIES = ("first", "second", "both", "none")
+
+
+def global_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """L2 norm of a list of tensors; half precision is normed in fp32 (squares overflow), fp64 stays."""
+    if not tensors:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack([
+        torch.linalg.vector_norm(t, dtype=torch.promote_types(t.dtype, torch.float32)) for t in tensors]))
 
 
 class SAM(Flatness):
@@ -41,20 +49,19 @@ class SAM(Flatness):
         same_noise: bool = True,
         sync_ascent: bool = False,
         eps: float = 1e-12,
+        m: int = 1,
+        rho_schedule: str = "constant",
     ):
-        if rho < 0:
-            raise ValueError(f"flatness.rho must be >= 0, got {rho}")
+        super().__init__(rho=rho, m=m, rho_schedule=rho_schedule)
         if bn_stats not in BN_POLICIES:
             raise ValueError(f"flatness.bn_stats must be one of {BN_POLICIES}, got {bn_stats!r}")
-        self.rho = float(rho)
         self.bn_stats = bn_stats
         self.same_noise = same_noise
         self.sync_ascent = sync_ascent
         self.eps = eps
 
     # ------------------------------------------------------------------ the perturbation
-    def direction(self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
-                  scaling: Sequence[torch.Tensor] | None):
+    def direction(self, params, grads, scaling, names):
         """Unnormalised ascent direction and the vector whose norm normalises it.
 
         SAM: D = I, or the method's per-parameter scaling (e.g. geometry diag(|mu|/sigma)).
@@ -62,46 +69,51 @@ class SAM(Flatness):
         """
         if scaling is None:
             return list(grads), list(grads)
-        scaled = [s * g for s, g in zip(scaling, grads)]
-        return scaled, scaled
+        d = [s * g for s, g in zip(scaling, grads)]
+        return d, d
 
     @torch.no_grad()
-    def perturbation(self, params, grads, scaling=None) -> list[torch.Tensor]:
-        numer, norm_terms = self.direction(params, grads, scaling)
-        # half-precision gradients are normed in fp32 (their squares overflow); fp64 stays fp64
-        norm = torch.linalg.vector_norm(torch.stack([
-            torch.linalg.vector_norm(t, dtype=torch.promote_types(t.dtype, torch.float32))
-            for t in norm_terms]))
+    def perturbation(self, params, grads, scaling=None, names=None, perturb=None) -> list[torch.Tensor]:
+        """eps for every parameter (zeros where ``perturb`` is False)."""
+        idx = [i for i in range(len(params)) if perturb is None or perturb[i]]
+        sub = lambda xs: None if xs is None else [xs[i] for i in idx]  # noqa: E731
+        numer, norm_terms = self.direction(sub(params), sub(grads), sub(scaling), sub(names))
+        norm = global_norm(norm_terms)
+        eps = [torch.zeros_like(p) for p in params]
         if not torch.isfinite(norm):
-            return [torch.zeros_like(p) for p in params]
-        scale = self.rho / (norm + self.eps)
-        return [(n * scale).to(p.dtype) for n, p in zip(numer, params)]
+            return eps
+        factor = self.radius / (norm + self.eps)
+        for i, n in zip(idx, numer):
+            eps[i] = (n * factor).to(params[i].dtype)
+        return eps
 
     # ------------------------------------------------------------------ the two passes
-    def gradient(self, params, loss_fn, batch, backprop, scaling=None):
-        params = [p for p in params if p.requires_grad]
+    def chunk_gradient(self, params, names, loss_fn, chunk, backprop, scaling, perturb, *, share, sync):
+        accumulated = [p.grad for p in params]
+        for p in params:
+            p.grad = None
         rng = backprop.rng_state() if self.same_noise else None
-        sync = nullcontext() if self.sync_ascent else backprop.no_sync()
-        with sync, backprop.bn_updates(self.bn_stats in ("first", "both")):
-            loss = backprop.forward(loss_fn, batch)
+        with (nullcontext() if self.sync_ascent else backprop.no_sync()), \
+                backprop.bn_updates(self.bn_stats in ("first", "both")):
+            loss = backprop.forward(loss_fn, chunk)
             backprop.backward(loss)
         grads = backprop.unscaled_grads(params)
-        eps = self.perturbation(params, grads, scaling)
+        eps = self.perturbation(params, grads, scaling, names, perturb)
 
         with torch.no_grad():
             saved = [p.detach().clone() for p in params]
-            for p, e in zip(params, eps):
+            for p, e, g in zip(params, eps, accumulated):
                 p.add_(e)
-                p.grad = None
+                p.grad = g  # the second pass accumulates onto earlier chunks' gradients
         if rng is not None:
             backprop.set_rng_state(rng)
-        with backprop.bn_updates(self.bn_stats in ("second", "both")):
-            backprop.backward(backprop.forward(loss_fn, batch))
+        with (nullcontext() if sync else backprop.no_sync()), \
+                backprop.bn_updates(self.bn_stats in ("second", "both")):
+            backprop.backward(scaled(backprop.forward(loss_fn, chunk), share))
         with torch.no_grad():
             for p, w in zip(params, saved):
                 p.copy_(w)
         return loss.detach()
 
     def describe(self) -> dict:
-        return {"name": self.name, "rho": self.rho, "bn_stats": self.bn_stats,
-                "sync_ascent": self.sync_ascent}
+        return {**super().describe(), "bn_stats": self.bn_stats, "sync_ascent": self.sync_ascent}

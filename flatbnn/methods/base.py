@@ -66,8 +66,12 @@ class Method:
                 self.optimizer, total_steps=ctx.epochs * ctx.steps_per_epoch,
                 steps_per_epoch=ctx.steps_per_epoch)
 
+    def named_parameters(self) -> list[tuple[str, torch.Tensor]]:
+        """What the method trains, named (ASAM scales only ``*weight*`` tensors, as its official code)."""
+        return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+
     def parameters(self) -> list[torch.Tensor]:
-        return [p for p in self.module.parameters() if p.requires_grad]
+        return [p for _, p in self.named_parameters()]
 
     def train(self) -> None:
         self.model.train()
@@ -92,7 +96,7 @@ class Method:
     def train_step(self, batch, flatness, backprop) -> dict:
         self.optimizer.zero_grad(set_to_none=True)
         self._record = True
-        loss = flatness.gradient(self.parameters(), self.loss_fn, batch, backprop)
+        loss = flatness.gradient(self.named_parameters(), self.loss_fn, batch, backprop)
         backprop.step(self.optimizer)
         if self.scheduler is not None:
             self.scheduler.step()
@@ -106,6 +110,11 @@ class Method:
 
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
+
+    def lr_ratio(self) -> float:
+        """Current lr / the schedule's initial lr (drives ``flatness.rho_schedule=lr``)."""
+        group = self.optimizer.param_groups[0]
+        return float(group["lr"]) / float(group.get("initial_lr", group["lr"]) or 1.0)
 
     # ---------------------------------------------------------------- prediction
     @torch.no_grad()

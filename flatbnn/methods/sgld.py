@@ -69,7 +69,7 @@ class SGLD(Method):
     def train_step(self, batch, flatness, backprop) -> dict:
         self.optimizer.zero_grad(set_to_none=True)
         self._record = True
-        loss = flatness.gradient(self.parameters(), self.loss_fn, batch, backprop)
+        loss = flatness.gradient(self.named_parameters(), self.loss_fn, batch, backprop)
         lr = self.lr()  # the lr this step used (before the scheduler advances)
         backprop.step(self.optimizer)
         self.add_noise(lr)

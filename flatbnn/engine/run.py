@@ -74,11 +74,13 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict | None:
 
     seed_everything(cfg.seed)
     bundle = instantiate(cfg.dataset)
+    method = instantiate(cfg.method)
 
     def model_factory(seed: int | None = None) -> torch.nn.Module:
         if seed is not None:
             torch.manual_seed(seed)
-        m = instantiate(cfg.model).to(device)
+        # a method may rebuild layers (Bayesian mu/sigma layers) -- before DDP / compile wrap them
+        m = method.prepare_model(instantiate(cfg.model)).to(device)
         return m.to(memory_format=torch.channels_last) if tc.channels_last else m
 
     module = model_factory()
@@ -126,7 +128,6 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict | None:
         len(train_loader), tc.limit_train_batches)
 
     # ---------------------------------------------------------------- method x flatness
-    method = instantiate(cfg.method)
     flatness = instantiate(cfg.flatness)
 
     def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:

@@ -56,6 +56,13 @@ class Method:
         self._record = False
 
     # ---------------------------------------------------------------- lifecycle
+    def prepare_model(self, module: nn.Module) -> nn.Module:
+        """Turn the freshly built backbone into what this method trains (e.g. mu/sigma layers).
+
+        Called by the engine's model factory, before DDP / torch.compile wrap it; identity here.
+        """
+        return module
+
     def setup(self, ctx: RunContext) -> None:
         self.ctx = ctx
         self.model = ctx.model

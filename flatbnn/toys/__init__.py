@@ -1,0 +1,1 @@
+"""Small exact problems behind the paper-figure reproductions (scripts/reproduce_*.py)."""

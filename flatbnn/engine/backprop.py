@@ -35,7 +35,7 @@ class Backprop:
                else nullcontext())
         with ctx:
             loss = loss_fn(batch)
-        return loss.float()
+        return loss.float() if loss.dtype in (torch.float16, torch.bfloat16) else loss
 
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()

@@ -34,7 +34,9 @@ def find_results(paths: list[str]) -> list[dict]:
 
 def row_key(meta: dict) -> tuple:
     fl = meta["flatness"]
-    flat = fl["name"] + (f"(rho={fl['rho']})" if "rho" in fl else "")
+    hp = [f"{k}={fl[k]}" for k in ("rho", "eta", "sigma", "m") if fl.get(k) is not None
+          and not (k == "m" and fl[k] == 1)]
+    flat = fl["name"] + (f"({', '.join(hp)})" if hp else "")
     return (meta["dataset"], meta["model"], meta["method"]["name"], flat)
 
 

@@ -22,20 +22,18 @@ class ASAM(SAM):
         self.eta = float(eta)
         self.only_weights = only_weights
 
-    def operator(self, params, names) -> list[torch.Tensor | None]:
-        """T per parameter (None = identity)."""
-        out = []
-        for i, p in enumerate(params):
-            skip = self.only_weights and names is not None and "weight" not in names[i]
-            out.append(None if skip else p.detach().abs() + self.eta)
-        return out
-
     def direction(self, params, grads, scaling, names):
-        numer, norm_terms = [], []
-        for t, g in zip(self.operator(params, names), grads):
-            tg = g if t is None else t * g
-            norm_terms.append(tg)
-            numer.append(tg if t is None else t * tg)
+        grads = list(grads)
+        scaled_idx = [i for i in range(len(params))
+                      if not (self.only_weights and names is not None and "weight" not in names[i])]
+        norm_terms, numer = list(grads), list(grads)  # T = 1 where not scaled
+        if scaled_idx:
+            t = torch._foreach_abs([params[i].detach() for i in scaled_idx])
+            torch._foreach_add_(t, self.eta)                                  # T = |w| + eta
+            tg = torch._foreach_mul(t, [grads[i] for i in scaled_idx])        # T g
+            t2g = torch._foreach_mul(t, tg)                                   # T^2 g
+            for k, i in enumerate(scaled_idx):
+                norm_terms[i], numer[i] = tg[k], t2g[k]
         return numer, norm_terms
 
     def describe(self) -> dict:

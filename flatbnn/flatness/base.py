@@ -80,6 +80,9 @@ class Flatness:
     def setup(self, ctx, method) -> None:
         """Called once after ``method.setup``: noise generator, checks that need the method."""
         self.generator = ctx.generator
+        check = getattr(method, "check_flatness", None)
+        if callable(check):  # methods with their own perturbation (bSAM, VOGN, VSAM, RSAM) refuse here
+            check(self)
 
     def set_lr_ratio(self, ratio: float) -> None:
         if self.rho_schedule == "lr":

@@ -8,6 +8,8 @@ paper's gamma. The normaliser sqrt(g^T F^-1 g) is the norm of g / sqrt(1 + eta g
 
 from __future__ import annotations
 
+import torch
+
 from flatbnn.flatness.sam import SAM
 
 
@@ -21,12 +23,14 @@ class FisherSAM(SAM):
         self.eta = float(eta)
 
     def direction(self, params, grads, scaling, names):
-        numer, norm_terms = [], []
-        for g in grads:
-            inv_fisher = 1.0 / (1.0 + self.eta * g * g)
-            numer.append(g * inv_fisher)
-            norm_terms.append(g * inv_fisher.sqrt())
-        return numer, norm_terms
+        grads = list(grads)
+        inv_fisher = torch._foreach_mul(grads, grads)          # f = g^2
+        torch._foreach_mul_(inv_fisher, self.eta)
+        torch._foreach_add_(inv_fisher, 1.0)
+        torch._foreach_reciprocal_(inv_fisher)                 # 1 / (1 + eta f)
+        numer = torch._foreach_mul(grads, inv_fisher)          # F^-1 g
+        torch._foreach_sqrt_(inv_fisher)
+        return numer, torch._foreach_mul(grads, inv_fisher)    # ||.||^2 = g^T F^-1 g
 
     def describe(self) -> dict:
         return {**super().describe(), "eta": self.eta}

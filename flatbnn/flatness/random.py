@@ -43,15 +43,13 @@ class RandomSAM(Flatness):
     def chunk_gradient(self, params, names, loss_fn, chunk, backprop, scaling, perturb, *, share, sync):
         eps = self.perturbation(params, perturb)
         with torch.no_grad():
-            saved = [p.detach().clone() for p in params]
-            for p, e in zip(params, eps):
-                p.add_(e)
+            saved = torch._foreach_mul(params, 1.0)
+            torch._foreach_add_(params, eps)
         with nullcontext() if sync else backprop.no_sync():
             loss = backprop.forward(loss_fn, chunk)
             backprop.backward(scaled(loss, share))
         with torch.no_grad():
-            for p, w in zip(params, saved):
-                p.copy_(w)
+            torch._foreach_copy_(params, saved)
         return loss.detach()  # the loss at the perturbed point (the only one computed)
 
     def describe(self) -> dict:

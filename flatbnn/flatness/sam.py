@@ -34,8 +34,10 @@ def global_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """L2 norm of a list of tensors; half precision is normed in fp32 (squares overflow), fp64 stays."""
     if not tensors:
         return torch.zeros(())
-    return torch.linalg.vector_norm(torch.stack([
-        torch.linalg.vector_norm(t, dtype=torch.promote_types(t.dtype, torch.float32)) for t in tensors]))
+    if any(t.dtype in (torch.float16, torch.bfloat16) for t in tensors):
+        tensors = [t.float() for t in tensors]
+    # one fused kernel per dtype/device group instead of one per tensor (matters for 100s of tensors)
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(list(tensors))))
 
 
 class SAM(Flatness):
@@ -69,7 +71,7 @@ class SAM(Flatness):
         """
         if scaling is None:
             return list(grads), list(grads)
-        d = [s * g for s, g in zip(scaling, grads)]
+        d = torch._foreach_mul(list(scaling), list(grads))
         return d, d
 
     @torch.no_grad()
@@ -83,8 +85,8 @@ class SAM(Flatness):
         if not torch.isfinite(norm):
             return eps
         factor = self.radius / (norm + self.eps)
-        for i, n in zip(idx, numer):
-            eps[i] = (n * factor).to(params[i].dtype)
+        for i, n in zip(idx, torch._foreach_mul(numer, factor)):
+            eps[i] = n.to(params[i].dtype)
         return eps
 
     # ------------------------------------------------------------------ the two passes
@@ -101,9 +103,9 @@ class SAM(Flatness):
         eps = self.perturbation(params, grads, scaling, names, perturb)
 
         with torch.no_grad():
-            saved = [p.detach().clone() for p in params]
-            for p, e, g in zip(params, eps, accumulated):
-                p.add_(e)
+            saved = torch._foreach_mul(params, 1.0)  # copies; restoring by copy keeps rho=0 exact
+            torch._foreach_add_(params, eps)
+            for p, g in zip(params, accumulated):
                 p.grad = g  # the second pass accumulates onto earlier chunks' gradients
         if rng is not None:
             backprop.set_rng_state(rng)
@@ -111,8 +113,7 @@ class SAM(Flatness):
                 backprop.bn_updates(self.bn_stats in ("second", "both")):
             backprop.backward(scaled(backprop.forward(loss_fn, chunk), share))
         with torch.no_grad():
-            for p, w in zip(params, saved):
-                p.copy_(w)
+            torch._foreach_copy_(params, saved)
         return loss.detach()
 
     def describe(self) -> dict:

@@ -1,0 +1,96 @@
+"""RandomSAM as a method (Ujvary et al., variational_sam Alg. 1, Table 1): MFVI with mu only.
+
+q = N(w, Sigma) with a FIXED isotropic Sigma = (rho^2 / P) I (P = number of trained weights; or
+``sigma^2 I`` with an explicit ``method.sigma``); sigma is not learned, so the only KL term left is the
+prior's on the mean. Per step:
+
+    grad = d/dw mean NLL(w + sqrt(Sigma) z)  +  prior_coef * w,       z ~ N(0, I)
+
+``prior_coef * w`` is the official code's prior term 2 w kl_weight / sigma_prior^2 (0.02 with its
+defaults); ``optimizer.weight_decay`` still applies on top, as for every method. The perturbation
+is exactly ``flatness=random`` (:class:`flatbnn.flatness.random.RandomSAM`, same generator, same
+draws), so ``method=rsam`` == ``method=map flatness=random`` with ``optimizer.weight_decay`` raised
+by ``prior_coef``; this method exists so the VSAM paper's RSAM row is one config. It has its own
+perturbation, hence refuses any flatness but ``none``.
+
+Prediction: the mean w (``num_samples=1``, the paper's evaluation); ``num_samples > 1`` samples
+N(w, Sigma) from a fixed evaluation seed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flatbnn.flatness.random import RandomSAM as RandomPerturbation
+from flatbnn.methods.base import Method
+
+
+def refuse_flatness(method_name: str, flatness) -> None:
+    if getattr(flatness, "name", "none") != "none":
+        raise ValueError(f"method={method_name} has its own perturbation: use flatness=none "
+                         f"(got flatness={flatness.name})")
+
+
+class RandomSAMMethod(Method):
+    name = "rsam"
+
+    def __init__(self, rho: float = 0.05, sigma: float | None = None, prior_coef: float = 0.02,
+                 num_samples: int = 1, eval_seed: int = 1):
+        super().__init__(num_samples=num_samples)
+        self.perturbation = RandomPerturbation(rho=rho, sigma=sigma)
+        self.prior_coef = float(prior_coef)
+        self.eval_seed = int(eval_seed)
+
+    def setup(self, ctx) -> None:
+        super().setup(ctx)
+        self.perturbation.generator = ctx.generator
+
+    def check_flatness(self, flatness) -> None:
+        refuse_flatness(self.name, flatness)
+
+    def train_step(self, batch, flatness, backprop) -> dict:
+        refuse_flatness(self.name, flatness)
+        self.optimizer.zero_grad(set_to_none=True)
+        self._record = True
+        loss = self.perturbation.gradient(self.named_parameters(), self.loss_fn, batch, backprop)
+        if self.prior_coef:
+            scale = backprop.scaler.get_scale() if getattr(backprop, "scaler", None) is not None else 1.0
+            with torch.no_grad():
+                for p in self.parameters():
+                    if p.grad is not None:
+                        p.grad.add_(p, alpha=self.prior_coef * scale)
+        backprop.step(self.optimizer)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return {"loss": loss}
+
+    def std(self) -> float:
+        params = self.parameters()
+        return self.perturbation.std(params, [True] * len(params))
+
+    @torch.no_grad()
+    def predict(self, loaders, num_samples=None):
+        k = int(num_samples or self.num_samples)
+        self.module.eval()
+        if k == 1:
+            yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
+            return
+        params = self.parameters()
+        saved = [p.detach().clone() for p in params]
+        std = self.std()
+        g = torch.Generator(device=self.ctx.device).manual_seed(self.eval_seed)
+        try:
+            for _ in range(k):
+                for p, w in zip(params, saved):
+                    p.copy_(w + std * torch.randn(p.shape, generator=g, device=g.device, dtype=p.dtype).to(p.device))
+                yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
+        finally:
+            for p, w in zip(params, saved):
+                p.copy_(w)
+
+    def describe(self) -> dict:
+        d = {"name": self.name, "num_samples": self.num_samples, "rho": self.perturbation.rho,
+             "sigma": self.perturbation.sigma, "prior_coef": self.prior_coef}
+        if self.ctx is not None:
+            d["noise_std"] = self.std()
+        return d

@@ -1,0 +1,222 @@
+"""VariationalSAM (Ujvary et al.) and HWA (Karimi & Li): unit checks against hand computations + digits runs."""
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flatbnn.engine.backprop import Backprop
+from flatbnn.flatness import SAM, NoFlatness
+from flatbnn.methods import RunContext
+from flatbnn.methods.hwa import HWA
+from flatbnn.methods.vsam import VariationalSAM
+from flatbnn.nn.bayesian import bayesian_layers
+from helpers import run_cfg
+
+CPU = torch.device("cpu")
+DIGITS = ["dataset=digits", "model=mlp", "model.hidden=[128]", "trainer.eval_every=0", "trainer.epochs=6"]
+
+
+def _ctx(module, n_train=100, lr=0.1, momentum=0.0, wd=0.0, seed=0, epochs=1, steps=1, **kw):
+    return RunContext(model=module, module=module, device=CPU, n_train=n_train, steps_per_epoch=steps, epochs=epochs,
+                      optimizer_factory=lambda p: torch.optim.SGD(p, lr=lr, momentum=momentum, weight_decay=wd),
+                      scheduler_factory=None, generator=torch.Generator().manual_seed(seed), **kw)
+
+
+def _data(n=32, d=5, c=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, d, generator=g, dtype=torch.float64), torch.randint(0, c, (n,), generator=g)
+
+
+def _mlp64():
+    return nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).double()
+
+
+def _grads(net, x, y, params=None):
+    loss = F.cross_entropy(net(x), y)
+    return torch.autograd.grad(loss, list(params or net.parameters()))
+
+
+# ------------------------------------------------------------------------------------------ VSAM
+def test_vsam_initial_perturbation_has_the_sam_radius():
+    torch.manual_seed(0)
+    net = _mlp64()
+    m = VariationalSAM(rho=1000.0, init_radius=0.05, init_count=1e6)
+    m.setup(_ctx(net))
+    x, y = _data()
+    eps = m.ascent(_grads(net, x, y))
+    assert math.sqrt(sum(float((e ** 2).sum()) for e in eps)) == pytest.approx(0.05, rel=1e-6)  # 1e-12 in the norm
+
+
+def test_vsam_step_matches_a_hand_computation():
+    """mu <- mu - lr grad L(mu + eps), eps = rho (g/M^2)/sqrt(sum g^2/M^2); M <- M - m_lr dL_M/dM."""
+    torch.manual_seed(0)
+    net = _mlp64()
+    lr, m_lr, n_train, rho, sp = 0.1, 0.5, 40, 2.0, 0.7
+    m = VariationalSAM(rho=rho, init_radius=0.3, init_count=4.0, m_lr=m_lr, prior_std=sp)
+    m.setup(_ctx(net, n_train=n_train, lr=lr))
+    with torch.no_grad():  # heterogeneous M
+        for mm in m.M:
+            mm.uniform_(2.0, 8.0)
+    M0 = [mm.detach().clone() for mm in m.M]
+    mu0 = [p.detach().clone() for p in net.parameters()]
+    x, y = _data()
+    g = _grads(net, x, y)
+    s = math.sqrt(sum(float((gi ** 2 / Mi ** 2).sum()) for gi, Mi in zip(g, M0)))
+    eps = [rho * gi / Mi ** 2 / s for gi, Mi in zip(g, M0)]
+    with torch.no_grad():
+        for p, e in zip(net.parameters(), eps):
+            p.add_(e)
+    g_pert = _grads(net, x, y)
+    with torch.no_grad():
+        for p, w in zip(net.parameters(), mu0):
+            p.copy_(w)
+    dM = [rho * (-(gi ** 2) / Mi ** 3) / s + (1 / (2 * n_train)) * (-2 / (Mi ** 3 * sp) + 2 / Mi)
+          for gi, Mi in zip(g, M0)]
+    m.train_step((x, y), NoFlatness(), Backprop(net, CPU))
+    for p, w, gp in zip(net.parameters(), mu0, g_pert):
+        torch.testing.assert_close(p.detach(), w - lr * gp)
+    for mm, Mi, d in zip(m.M, M0, dM):
+        torch.testing.assert_close(mm.detach(), Mi - m_lr * d)
+
+
+def test_vsam_refuses_a_flatness_variant_and_round_trips_its_state():
+    torch.manual_seed(0)
+    net = _mlp64()
+    m = VariationalSAM(rho=1.0, init_radius=0.1, init_count=1.0, m_lr=0.1)
+    m.setup(_ctx(net, momentum=0.9, wd=1e-3))
+    x, y = _data(n=40)
+    with pytest.raises(ValueError, match="flatness=none"):
+        m.train_step((x, y), SAM(), Backprop(net, CPU))
+    for i in range(2):
+        m.train_step((x[i * 10:(i + 1) * 10], y[i * 10:(i + 1) * 10]), NoFlatness(), Backprop(net, CPU))
+    state = copy.deepcopy(m.state_dict())
+    net2 = copy.deepcopy(net)
+    m2 = VariationalSAM(rho=1.0, init_radius=0.1, init_count=1.0, m_lr=0.1)
+    m2.setup(_ctx(net2, momentum=0.9, wd=1e-3))
+    m2.load_state_dict(state)
+    for a, b in ((m, net), (m2, net2)):
+        for i in (2, 3):
+            a.train_step((x[i * 10:(i + 1) * 10], y[i * 10:(i + 1) * 10]), NoFlatness(), Backprop(b, CPU))
+    for p, q in zip(list(net.parameters()) + m.M, list(net2.parameters()) + m2.M):
+        assert torch.equal(p, q)
+
+
+# ------------------------------------------------------------------------------------------ HWA
+def _hwa(seed=0, **kw):
+    torch.manual_seed(seed)
+    m = HWA(sigma_init=0.05, lr_cycles=None, **kw)
+    net = m.prepare_model(_mlp64())
+    m.setup(_ctx(net, momentum=0.9, epochs=1, steps=12))
+    return m, net
+
+
+@pytest.mark.parametrize("covariance", ["diag", "lowrank"])
+def test_hwa_averaging_follows_eq4_by_hand(covariance):
+    m, net = _hwa(cycle_length=2, start=0.25, covariance=covariance, max_rank=3)  # start = step 3 of 12
+    assert m.start_step == 3 and m.cycle_length == 2
+    x, y = _data(n=120)
+    bp = Backprop(net, CPU)
+    layers = bayesian_layers(net)
+    snaps = []
+    for k in range(1, 13):
+        idx = torch.arange(10) + 10 * (k - 1)
+        m.train_step((x[idx], y[idx]), NoFlatness(), bp)
+        if k >= 3 and (k - 3) % 2 == 0:  # steps 3, 5, 7, 9, 11
+            mu = torch.cat([p.detach().reshape(-1) for l in layers for p in (l.weight_mu, l.bias_mu)])
+            var = torch.cat([F.softplus(r.detach()).reshape(-1) ** 2 for l in layers
+                             for r in (l.weight_rho, l.bias_rho)])
+            snaps.append((mu, var))
+    assert m.n_models == 5
+    # Eq. (4) recursively, by hand
+    mu_h = sq_h = v_h = None
+    devs = []
+    for n, (mu, var) in enumerate(snaps):
+        if n == 0:
+            mu_h, sq_h, v_h = mu.clone(), mu ** 2, var.clone()
+        else:
+            mu_h = (n * mu_h + mu) / (n + 1)
+            sq_h = (n * sq_h + mu ** 2) / (n + 1)
+            v_h = (n * v_h + var) / (n + 1)
+        devs.append(mu - mu_h)
+    torch.testing.assert_close(m.mu_avg, mu_h)
+    torch.testing.assert_close(m.sq_avg, sq_h)
+    torch.testing.assert_close(m.var_avg, v_h)
+    M = torch.stack([s[0] for s in snaps])
+    torch.testing.assert_close(m.mu_avg, M.mean(0))
+    torch.testing.assert_close(m.trajectory_variance, M.var(0, unbiased=False))
+    m.variance_mode = "eq4"
+    torch.testing.assert_close(m.diag_variance, M.var(0, unbiased=False))
+    m.variance_mode = "mixture"
+    torch.testing.assert_close(m.diag_variance, M.var(0, unbiased=False) + torch.stack([s[1] for s in snaps]).mean(0))
+    if covariance == "lowrank":
+        k = min(m._dev_count, m.max_rank)
+        assert k == 3
+        # ring buffer of the last 3 deviations (mean updated first): rows 2, 0, 1 = collections 3, 4, 5
+        torch.testing.assert_close(m._dev[[2, 0, 1]], torch.stack(devs[-3:]))
+
+
+def test_hwa_lowrank_samples_have_the_eq5_covariance():
+    m, net = _hwa(cycle_length=1, start=0.0, covariance="lowrank", max_rank=4)
+    d = m.mu_avg.numel()
+    g = torch.Generator().manual_seed(0)
+    m.mu_avg = torch.randn(d, generator=g, dtype=torch.float64)
+    m.sq_avg = m.mu_avg ** 2 + 0.01
+    m.var_avg = torch.full((d,), 0.02, dtype=torch.float64)
+    m._dev = torch.randn(4, d, generator=g, dtype=torch.float64) * 0.2
+    m._dev_count = 4
+    m.n_models = 4
+    diag = 0.03 * torch.ones(d, dtype=torch.float64)  # mixture: 0.02 + 0.01
+    cov = 0.5 * torch.diag(diag) + m._dev.T @ m._dev / (2 * 3)
+    S = torch.stack([m.sample_vector(g) for _ in range(20000)])
+    sub = slice(0, 6)
+    torch.testing.assert_close(torch.cov(S[:, sub].T), cov[sub, sub], rtol=0.08, atol=0.004)
+    assert ((S.mean(0) - m.mu_avg).abs() < 5 * cov.diagonal().sqrt() / math.sqrt(20000)).all()
+
+
+def test_hwa_state_round_trip_resumes_exactly_and_predicts_from_the_average():
+    x, y = _data(n=120)
+    a, net_a = _hwa(cycle_length=2, start=0.0, covariance="lowrank", max_rank=3, num_samples=2)
+    for k in range(6):
+        a.train_step((x[10 * k:10 * k + 10], y[10 * k:10 * k + 10]), NoFlatness(), Backprop(net_a, CPU))
+    state, gen = copy.deepcopy(a.state_dict()), a.ctx.generator.get_state()
+    b, net_b = _hwa(seed=1, cycle_length=2, start=0.0, covariance="lowrank", max_rank=3, num_samples=2)
+    b.load_state_dict(state)
+    b.ctx.generator.set_state(gen)
+    for k in range(6, 12):
+        for meth, net in ((a, net_a), (b, net_b)):
+            meth.train_step((x[10 * k:10 * k + 10], y[10 * k:10 * k + 10]), NoFlatness(), Backprop(net, CPU))
+    for p, q in zip(net_a.parameters(), net_b.parameters()):
+        assert torch.equal(p, q)
+    assert a.n_models == b.n_models == 6
+    torch.testing.assert_close(a.mu_avg, b.mu_avg, rtol=0, atol=0)
+    before = [p.detach().clone() for p in net_a.parameters()]
+    pa = list(a.predict({"t": [(x[:10], y[:10])]}))
+    pb = list(b.predict({"t": [(x[:10], y[:10])]}))
+    assert len(pa) == 2 and torch.equal(pa[0]["t"], pb[0]["t"])
+    for p, q in zip(before, net_a.parameters()):  # prediction leaves the SVI state untouched
+        assert torch.equal(p, q)
+
+
+# ------------------------------------------------------------------------------------------ Hydra runs
+@pytest.mark.parametrize("method,extra,min_acc", [
+    ("vsam", [], 0.93),
+    ("vsam", ["method.num_samples=3"], 0.93),
+    ("hwa", ["method.num_samples=5"], 0.93),
+    ("hwa", ["method.num_samples=5", "method.covariance=lowrank", "method.cycle_length=5"], 0.93),
+])
+def test_vsam_and_hwa_run_end_to_end_on_digits(method, extra, min_acc, tmp_path):
+    res = run_cfg(DIGITS + [f"method={method}"] + extra, tmp_path)
+    metrics, meta = res["metrics"], res["meta"]
+    assert metrics["accuracy"] >= min_acc, metrics
+    for k in ("nll", "ece", "brier"):
+        assert k in metrics and math.isfinite(metrics[k])
+    assert metrics["nll"] < 0.3
+    if method == "hwa":
+        assert meta["method"]["n_models"] > 0 and meta["method"]["lr_cycles"] == 4
+    if method == "vsam":
+        with pytest.raises(Exception, match="flatness=none"):
+            run_cfg(DIGITS + ["method=vsam", "flatness=sam", "trainer.epochs=1"], tmp_path / "refused")

@@ -35,3 +35,26 @@ bench: setup
 
 clean-outputs:
 	rm -rf outputs multirun
+
+# ---------------------------------------------------------------------------- reproductions
+# Fisher-SAM rho x eta sweep (FSAM Fig. 5 style) through --multirun + scripts/sweep_heatmap.py.
+# Default: the digits set on CPU (the path end to end, not the paper's CIFAR numbers);
+# SCALE=cifar: CIFAR-10 (5k subset) ResNet-20-FRN, 3 epochs -- point dataset.root at the data.
+SWEEP_DIR ?= outputs/fsam_sweep
+SWEEP_RHO ?= 0.01,0.05,0.1,0.5
+SWEEP_ETA ?= 0,1,100,10000
+ifeq ($(SCALE),cifar)
+SWEEP_ARGS ?= dataset=cifar10 model=resnet20_frn dataset.train_subset=5000 dataset.test_subset=1000 trainer.epochs=3
+else
+SWEEP_ARGS ?= dataset=digits model=mlp trainer.epochs=10
+endif
+
+.PHONY: reproduce-fsam-sweep
+reproduce-fsam-sweep: setup
+	rm -rf $(SWEEP_DIR)
+	$(PY) train.py --multirun $(SWEEP_ARGS) method=map flatness=fsam flatness.rho=$(SWEEP_RHO) \
+		flatness.eta=$(SWEEP_ETA) trainer.progress=false trainer.reliability_diagram=false hydra.sweep.dir=$(SWEEP_DIR)
+	$(PY) scripts/sweep_heatmap.py $(SWEEP_DIR) --x flatness.rho --y flatness.eta --metric accuracy \
+		--out results/fsam_sweep/accuracy.png
+	$(PY) scripts/sweep_heatmap.py $(SWEEP_DIR) --x flatness.rho --y flatness.eta --metric nll \
+		--out results/fsam_sweep/nll.png

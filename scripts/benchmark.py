@@ -25,7 +25,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flatbnn.engine.backprop import Backprop  # noqa: E402
-from flatbnn.flatness import ASAM, SAM, FisherSAM, NoFlatness, RandomSAM  # noqa: E402
+from flatbnn.flatness import ASAM, SAM, FisherSAM, Geometry, NoFlatness, RandomSAM  # noqa: E402
+from flatbnn.methods.hwa import HWA  # noqa: E402
+from flatbnn.methods.rsam import RandomSAMMethod  # noqa: E402
+from flatbnn.methods.sgvb import SGVB  # noqa: E402
+from flatbnn.methods.vsam import VariationalSAM  # noqa: E402
 from flatbnn.methods import MAP, SGLD, SWAG, MCDropout, RunContext  # noqa: E402
 from flatbnn.models import create_model  # noqa: E402
 
@@ -36,6 +40,7 @@ FLATNESS = {
     "fsam": lambda: FisherSAM(rho=0.1, eta=1.0),
     "random": lambda: RandomSAM(rho=0.05),
     "sam_m8": lambda: SAM(rho=0.05, m=8),
+    "geometry": lambda: Geometry(rho=0.05),
 }
 METHODS = {
     "map": lambda: MAP(),
@@ -43,9 +48,15 @@ METHODS = {
     "swag_diag": lambda: SWAG(mode="swag_diag", swa_start=0, collect_unit="step", collect_every=1),
     "sgld": lambda: SGLD(burn_in=10**9),
     "mc_dropout": lambda: MCDropout(),
+    "sgvb": lambda: SGVB(),
+    "sgvb_lrt": lambda: SGVB(estimator="lrt"),
+    "hwa": lambda: HWA(),
+    "rsam": lambda: RandomSAMMethod(),
+    "vsam": lambda: VariationalSAM(),
 }
 DEFAULT = ("map+none,map+sam,map+asam,map+fsam,map+random,map+sam_m8,swag+none,swag+sam,swag+fsam,"
-           "swag_diag+none,sgld+none,sgld+sam,mc_dropout+none")
+           "swag_diag+none,sgld+none,sgld+sam,mc_dropout+none,sgvb+none,sgvb_lrt+none,sgvb+sam,sgvb+geometry,"
+           "hwa+none,rsam+none,vsam+none")
 
 
 def _sync(device):
@@ -58,8 +69,8 @@ def build(method_name: str, flat_name: str, args, device):
     torch.manual_seed(0)
     shape = (1, 28, 28) if args.model == "mlp" else (3, 32, 32)
     kw = {"dropout": 0.05} if method_name == "mc_dropout" else {}
-    module = create_model(args.model, 10, shape, **kw).to(device)
     method = METHODS[method_name]()
+    module = method.prepare_model(create_model(args.model, 10, shape, **kw)).to(device)
     momentum = 0.0 if method_name == "sgld" else 0.9  # textbook SGLD has no momentum
     ctx = RunContext(model=module, module=module, device=device, n_train=50_000,
                      steps_per_epoch=args.steps, epochs=1,

@@ -49,7 +49,7 @@ def grid(results: list[dict], x: str, y: str, metric: str):
 def budget_line(results: list[dict]) -> str:
     m = results[0]["meta"]
     b, hw = m["budget"], m["hardware"]
-    device = hw.get("gpu") or hw.get("cpu") or hw.get("device")
+    device = hw.get("gpu") or f"{hw.get('device', 'cpu')} ({hw.get('cpu_count', '?')} cores)"
     commits = sorted({r["meta"]["git"]["commit"][:8] for r in results})
     seeds = sorted({r["meta"]["seed"] for r in results})
     return (f"{m['dataset']} (n={b['train_size']}), {m['model']}, {m['method']['name']}, {b['epochs']} ep, "
@@ -70,7 +70,8 @@ def plot(xs, ys, mean, x, y, metric, title, out: Path) -> None:
     scale = 100 if metric == "accuracy" else 1
     for j, row in enumerate(mean):
         for i, v in enumerate(row):
-            ax.text(i, j, f"{scale * v:.2f}" if v == v else "–", ha="center", va="center", color="w", fontsize=9)
+            label = (f"{scale * v:.2f}" if metric == "accuracy" else f"{v:.3f}") if v == v else "–"
+            ax.text(i, j, label, ha="center", va="center", color="w", fontsize=9)
     fig.colorbar(im, ax=ax, label=metric)
     ax.set_title(title, fontsize=7)
     fig.tight_layout()
@@ -91,7 +92,11 @@ def main(argv=None) -> int:
     if not results:
         print(f"no results.json under {args.paths}", file=sys.stderr)
         return 1
-    xs, ys, mean, count = grid(results, args.x, args.y, args.metric)
+    try:
+        xs, ys, mean, count = grid(results, args.x, args.y, args.metric)
+    except KeyError as e:
+        print(f"error: {e.args[0]}", file=sys.stderr)
+        return 2
     title = f"{args.metric} over {args.x} x {args.y}\n{budget_line(results)}"
     out = Path(args.out)
     plot(xs, ys, mean, args.x, args.y, args.metric, title, out)

@@ -1,0 +1,41 @@
+"""scripts/sweep_heatmap.py: the grid it draws is the per-cell mean over seeds of the runs' results."""
+
+import json
+import subprocess
+import sys
+
+from helpers import REPO
+
+
+def _write(run_dir, rho, eta, seed, acc):
+    run_dir.mkdir(parents=True)
+    meta = {"dataset": "digits", "model": "mlp", "method": {"name": "map"}, "seed": seed,
+            "flatness": {"name": "fsam", "rho": rho, "eta": eta},
+            "budget": {"epochs": 2, "train_size": 100, "world_size": 1, "global_batch": 10},
+            "hardware": {"device": "cpu", "cpu_count": 2}, "git": {"commit": "abcdef123456"}}
+    (run_dir / "results.json").write_text(json.dumps({"meta": meta, "metrics": {"accuracy": acc}}))
+
+
+def test_heatmap_grid_averages_seeds_and_marks_missing_cells(tmp_path):
+    _write(tmp_path / "0", 0.1, 0.0, 0, 0.5)
+    _write(tmp_path / "1", 0.1, 0.0, 1, 0.7)
+    _write(tmp_path / "2", 0.2, 0.0, 0, 0.9)
+    _write(tmp_path / "3", 0.1, 1.0, 0, 0.4)
+    out = tmp_path / "fig" / "acc.png"
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "sweep_heatmap.py"), str(tmp_path),
+                        "--x", "flatness.rho", "--y", "flatness.eta", "--out", str(out)],
+                       capture_output=True, text=True, check=True)
+    grid = json.loads(out.with_suffix(".json").read_text())
+    assert grid["x_values"] == [0.1, 0.2] and grid["y_values"] == [0.0, 1.0]
+    assert abs(grid["mean"][0][0] - 0.6) < 1e-12 and grid["mean"][0][1] == 0.9
+    assert grid["mean"][1][0] == 0.4 and grid["mean"][1][1] != grid["mean"][1][1]  # NaN: not run
+    assert grid["runs_per_cell"] == [[2, 1], [1, 0]]
+    assert "seeds 0,1" in grid["budget"] and "commit abcdef12" in grid["budget"]
+    assert out.stat().st_size > 5000 and "wrote" in p.stdout
+
+
+def test_unknown_key_is_a_clear_error(tmp_path):
+    _write(tmp_path / "0", 0.1, 0.0, 0, 0.5)
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "sweep_heatmap.py"), str(tmp_path),
+                        "--x", "flatness.gamma", "--out", str(tmp_path / "a.png")], capture_output=True, text=True)
+    assert p.returncode != 0 and "flatness.gamma" in p.stderr

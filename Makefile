@@ -58,3 +58,11 @@ reproduce-fsam-sweep: setup
 		--out results/fsam_sweep/accuracy.png
 	$(PY) scripts/sweep_heatmap.py $(SWEEP_DIR) --x flatness.rho --y flatness.eta --metric nll \
 		--out results/fsam_sweep/nll.png
+
+# 2-D toy reproductions (exact problems, CPU, < 1 min each)
+.PHONY: reproduce-fsam-toy reproduce-vsam-fig1
+reproduce-fsam-toy: setup
+	$(PY) scripts/reproduce_fsam_toy.py --out results/fsam_toy
+
+reproduce-vsam-fig1: setup
+	$(PY) scripts/reproduce_vsam_fig1.py --out results/vsam_fig1

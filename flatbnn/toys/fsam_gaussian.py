@@ -43,7 +43,7 @@ perturbation comes from the project's own flatness classes (``SAM.perturbation``
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -147,6 +147,21 @@ def find_minima(loss: GaussianMixtureLoss, starts=None, merge_tol: float = 1e-3)
     return {"flat": minima[0], "sharp": minima[1]}
 
 
+def find_saddle(loss: GaussianMixtureLoss, start=(-2.0, 22.0)) -> dict:
+    """The saddle between the two basins (a root of the gradient with one negative eigenvalue)."""
+    from scipy.optimize import root
+
+    res = root(lambda x: loss.grad(torch.as_tensor(x, dtype=DTYPE)).numpy(), np.asarray(start, float),
+               jac=lambda x: loss.hessian(torch.as_tensor(x, dtype=DTYPE)).numpy(), tol=1e-14)
+    t = torch.as_tensor(res.x, dtype=DTYPE)
+    h = loss.hessian(t)
+    ev, vec = torch.linalg.eigh(h)
+    if not (ev[0] < 0 < ev[1]):
+        raise RuntimeError(f"no saddle found from {start}: eigenvalues {ev.tolist()}")
+    return {"theta": [float(v) for v in res.x], "loss": float(loss(t)), "grad_norm": float(loss.grad(t).norm()),
+            "hessian_eigenvalues": ev.tolist(), "unstable_direction": vec[:, 0].tolist()}
+
+
 # ---------------------------------------------------------------------------------- optimisers
 class AnalyticFisherSAM(FisherSAM):
     """Fisher SAM (Eq. 10) with a given inverse-Fisher diagonal, passed as ``scaling``.
@@ -170,59 +185,103 @@ def make_flatness(name: str, rho: float, eta: float | None = None) -> SAM | None
     if name == "sgd":
         return None
     if name == "sam":
-        return SAM(rho=rho, eps=0.0)
+        return SAM(rho=rho)
     if name == "asam":
-        return ASAM(rho=rho, eta=0.0 if eta is None else eta, eps=0.0)
+        return ASAM(rho=rho, eta=0.01 if eta is None else eta)
     if name == "fsam":
-        return AnalyticFisherSAM(rho=rho, eta=1.0, eps=0.0)  # eta unused when F is handed in
+        return AnalyticFisherSAM(rho=rho, eta=1.0)  # eta unused when F is handed in
     if name == "fsam_emp":
-        return FisherSAM(rho=rho, eta=1.0 if eta is None else eta, eps=0.0)
+        return FisherSAM(rho=rho, eta=1.0 if eta is None else eta)
     raise ValueError(f"unknown optimiser {name!r}; choose from {OPTIMIZERS}")
 
 
 @dataclass
-class Trajectory:
+class Trajectories:
+    """Iterates of one optimiser from a batch of starts (row b of every array is start b)."""
+
     name: str
-    start: tuple
     rho: float
     lr: float
-    points: np.ndarray                     # (steps + 1, 2) iterates
-    probes: np.ndarray                     # (steps, 2) perturbed points theta + eps
-    clamped: int = 0                       # steps where theta or theta + eps hit sigma_min
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def end(self) -> np.ndarray:
-        return self.points[-1]
+    points: np.ndarray      # (T + 1, B, 2) iterates; a start that stopped early repeats its last iterate
+    probes: np.ndarray      # (T, B, 2) points theta + eps where the gradient was taken
+    end: np.ndarray         # (B, 2) mean of the last ``window`` iterates (SAM jitters around a point)
+    spread: np.ndarray      # (B,) largest distance of those iterates from ``end``
+    steps_run: np.ndarray   # (B,) steps taken before the stopping test passed (or the budget ran out)
+    clamped: np.ndarray     # (B,) evaluations moved up to sigma_min
 
 
-def run_optimizer(loss: GaussianMixtureLoss, name: str, start, *, lr: float, steps: int,
-                  rho: float = 0.0, eta: float | None = None, sigma_min: float = 0.5) -> Trajectory:
-    """Full-batch gradient descent with the gradient taken at theta + eps (eps from ``name``)."""
+def run_optimizer(loss: GaussianMixtureLoss, name: str, starts, *, lr: float, steps: int,
+                  rho: float = 0.0, eta: float | None = None, sigma_min: float = 0.5,
+                  window: int = 50, check_every: int = 50, stop_tol: float | None = 0.3,
+                  settle_points=None, settle_tol: float = 3.0) -> Trajectories:
+    """Full-batch gradient descent with the gradient taken at theta + eps, from each start.
+
+    ``starts``: (B, 2) or (2,). The loss gradient is evaluated for all running starts at once;
+    eps comes from ``flat.perturbation([theta_b], [g_b])`` once per start and step (one flatness
+    call per problem, so SAM's global norm never mixes two problems). Every ``check_every`` steps a
+    start whose mean over the last ``window`` iterates moved less than ``stop_tol`` at each of the
+    last two checks -- and, if ``settle_points`` (K, 2) is given, lies within ``settle_tol`` of
+    one of them -- is stopped (``stop_tol=None``: always run ``steps``).
+    """
     flat = make_flatness(name, rho, eta)
-    theta = torch.as_tensor(start, dtype=DTYPE).clone()
-    points, probes, clamped = [theta.clone()], [], 0
-    for _ in range(steps):
-        g = loss.grad(theta)
-        if flat is None:
-            probe = theta.clone()
-        else:
-            scaling = [1.0 / loss.fisher_diag(theta)] if name == "fsam" else None
-            (eps,) = flat.perturbation([theta], [g], scaling=scaling)
-            probe = theta + eps
-        if probe[1] < sigma_min:
-            probe[1], clamped = sigma_min, clamped + 1
-        theta = theta - lr * loss.grad(probe)
-        if theta[1] < sigma_min:
-            theta[1], clamped = sigma_min, clamped + 1
-        if not torch.isfinite(theta).all():
+    theta = torch.as_tensor(np.asarray(starts, float), dtype=DTYPE).reshape(-1, 2).clone()
+    B = theta.shape[0]
+    active = torch.ones(B, dtype=torch.bool)
+    clamped = torch.zeros(B, dtype=torch.long)
+    steps_run = torch.full((B,), steps, dtype=torch.long)
+    end = torch.full((B, 2), math.nan, dtype=DTYPE)
+    spread = torch.zeros(B, dtype=DTYPE)
+    last_mean = torch.full((B, 2), math.inf, dtype=DTYPE)
+    still = torch.zeros(B, dtype=torch.bool)
+    settle = None if settle_points is None else torch.as_tensor(np.asarray(settle_points, float), dtype=DTYPE).reshape(-1, 2)
+    points, probes = [theta.clone()], []
+
+    def window_stats():
+        w = torch.stack(points[-window:])                                  # (w, B, 2)
+        m = w.mean(0)
+        return m, torch.linalg.vector_norm(w - m, dim=-1).amax(0)
+
+    for t in range(1, steps + 1):
+        idx = active.nonzero().flatten()
+        if idx.numel() == 0:
             break
+        th = theta[idx]
+        if flat is None:
+            probe = th.clone()
+        else:
+            g = loss.grad(th)
+            finv = 1.0 / loss.fisher_diag(th) if name == "fsam" else None
+            rows = zip(th.unbind(0), g.unbind(0), finv.unbind(0) if finv is not None else [None] * th.shape[0])
+            eps = torch.stack([flat.perturbation([p], [q], scaling=None if f is None else [f])[0] for p, q, f in rows])
+            probe = th + eps
+        low = probe[:, 1] < sigma_min
+        probe[low, 1] = sigma_min
+        new = th - lr * loss.grad(probe)
+        low2 = new[:, 1] < sigma_min
+        new[low2, 1] = sigma_min
+        clamped[idx] += low.long() + low2.long()
+        theta = theta.clone()
+        theta[idx] = new
+        full_probe = theta.clone()
+        full_probe[idx] = probe
         points.append(theta.clone())
-        probes.append(probe)
-    return Trajectory(name=name, start=tuple(float(v) for v in start), rho=float(rho), lr=float(lr),
-                      points=torch.stack(points).numpy(),
-                      probes=torch.stack(probes).numpy() if probes else np.zeros((0, 2)),
-                      clamped=clamped)
+        probes.append(full_probe)
+        if stop_tol is not None and t % check_every == 0 and t >= window:
+            m, sp = window_stats()
+            small = torch.linalg.vector_norm(m - last_mean, dim=-1) < stop_tol
+            done = active & small & still
+            if settle is not None:
+                done &= torch.cdist(m, settle).amin(1) <= settle_tol
+            still = small
+            end[done], spread[done], steps_run[done] = m[done], sp[done], t
+            active &= ~done
+            last_mean = m
+    m, sp = window_stats()
+    end[active], spread[active] = m[active], sp[active]
+    return Trajectories(name=name, rho=float(rho), lr=float(lr), points=torch.stack(points).numpy(),
+                        probes=torch.stack(probes).numpy() if probes else np.zeros((0, B, 2)),
+                        end=end.numpy(), spread=spread.numpy(), steps_run=steps_run.numpy(),
+                        clamped=clamped.numpy())
 
 
 def classify(point, minima: dict, tol: float) -> str:
@@ -233,12 +292,3 @@ def classify(point, minima: dict, tol: float) -> str:
     dist = {k: float(np.linalg.norm(p - np.asarray(v["theta"]))) for k, v in minima.items()}
     best = min(dist, key=dist.get)
     return best if dist[best] <= tol else "none"
-
-
-def basin(loss: GaussianMixtureLoss, point, minima: dict, *, lr: float = 100.0, steps: int = 20000,
-          tol: float = 0.05) -> str:
-    """Where plain gradient descent from ``point`` ends (the basin of attraction ``point`` is in)."""
-    if not np.all(np.isfinite(point)):
-        return "none"
-    t = run_optimizer(loss, "sgd", tuple(point), lr=lr, steps=steps)
-    return classify(t.end, minima, tol)

@@ -66,3 +66,11 @@ reproduce-fsam-toy: setup
 
 reproduce-vsam-fig1: setup
 	$(PY) scripts/reproduce_vsam_fig1.py --out results/vsam_fig1
+
+# bSAM paper toys (App. F.1 logistic regression with exact posterior, F.2 two moons), CPU < 2 min each
+.PHONY: reproduce-bsam-logreg reproduce-bsam-twomoons
+reproduce-bsam-logreg: setup
+	$(PY) scripts/reproduce_bsam_logreg.py --out results/bsam_logreg
+
+reproduce-bsam-twomoons: setup
+	$(PY) scripts/reproduce_bsam_twomoons.py --out results/bsam_twomoons

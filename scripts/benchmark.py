@@ -26,7 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flatbnn.engine.backprop import Backprop  # noqa: E402
 from flatbnn.flatness import ASAM, SAM, FisherSAM, Geometry, NoFlatness, RandomSAM  # noqa: E402
+from flatbnn.methods.bsam import BSAM  # noqa: E402
 from flatbnn.methods.hwa import HWA  # noqa: E402
+from flatbnn.methods.vogn import VOGN  # noqa: E402
 from flatbnn.methods.rsam import RandomSAMMethod  # noqa: E402
 from flatbnn.methods.sgvb import SGVB  # noqa: E402
 from flatbnn.methods.vsam import VariationalSAM  # noqa: E402
@@ -44,6 +46,7 @@ FLATNESS = {
 }
 METHODS = {
     "map": lambda: MAP(),
+    "map_adam": lambda: MAP(),  # SAM-Adam's base (bSAM paper baseline): map+sam_m8 with Adam
     "swag": lambda: SWAG(mode="swag", swa_start=0, collect_unit="step", collect_every=1),
     "swag_diag": lambda: SWAG(mode="swag_diag", swa_start=0, collect_unit="step", collect_every=1),
     "sgld": lambda: SGLD(burn_in=10**9),
@@ -53,10 +56,12 @@ METHODS = {
     "hwa": lambda: HWA(),
     "rsam": lambda: RandomSAMMethod(),
     "vsam": lambda: VariationalSAM(),
+    "bsam": lambda: BSAM(),
+    "vogn": lambda: VOGN(),
 }
 DEFAULT = ("map+none,map+sam,map+asam,map+fsam,map+random,map+sam_m8,swag+none,swag+sam,swag+fsam,"
            "swag_diag+none,sgld+none,sgld+sam,mc_dropout+none,sgvb+none,sgvb_lrt+none,sgvb+sam,sgvb+geometry,"
-           "hwa+none,rsam+none,vsam+none")
+           "hwa+none,rsam+none,vsam+none,bsam+none,vogn+none,map_adam+none,map_adam+sam_m8")
 
 
 def _sync(device):
@@ -74,7 +79,8 @@ def build(method_name: str, flat_name: str, args, device):
     momentum = 0.0 if method_name == "sgld" else 0.9  # textbook SGLD has no momentum
     ctx = RunContext(model=module, module=module, device=device, n_train=50_000,
                      steps_per_epoch=args.steps, epochs=1,
-                     optimizer_factory=lambda p: torch.optim.SGD(p, lr=0.01, momentum=momentum),
+                     optimizer_factory=(lambda p: torch.optim.Adam(p, lr=1e-3)) if method_name == "map_adam"
+                     else (lambda p: torch.optim.SGD(p, lr=0.01, momentum=momentum)),
                      scheduler_factory=None, generator=torch.Generator(device=device).manual_seed(0))
     method.setup(ctx)
     flat = FLATNESS[flat_name]()

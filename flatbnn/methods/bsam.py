@@ -1,0 +1,138 @@
+"""Bayesian SAM (Möllenhoff & Khan, "SAM as an optimal relaxation of Bayes", ICLR 2023, Alg. 1
+with the m-sharpness split of App. E.4), checked against the authors' JAX code.
+
+Posterior q(w) = N(w, diag(1 / (N s))) with mean w and precision s kept in the optimiser state
+(``flatbnn/optim/bsam.py``). N = len(train) * ``n_data_factor`` (the code's ``dafactor``; 4 with
+crop+flip augmentation "to account for the augmented data", i.e. a tempered posterior, 1 without);
+delta = ``prior_precision`` / N. There is no KL term: the prior enters as delta * w in the momentum
+and delta in the precision. Per step, the batch is cut into ``m`` parts and for each part:
+
+    w~   = w + n * sqrt(1 / (N s)),   n ~ N(0, I)            noisy point (own noise per part)
+    g    = grad L_part(w~)                                   mean NLL over the part
+    g_p  = grad L_part(w + rho * g / s)                      ascent from the MEAN w, no normalisation
+    h    = sqrt(s) * |g|
+
+g_p and h are averaged over the parts (weighted by part size: the plain mean for equal parts, as
+the official code's reshape requires) and, under DDP, over ranks; then (``BSAMOptimizer.step``)
+
+    m <- beta1 m + (1 - beta1)(g_p + delta w);  w <- w - alpha lr_factor m / s (old s);
+    s <- beta2 s + (1 - beta2)(h + damping + delta)
+
+with lr_factor from the ``scheduler`` group (the paper: linear warm-up for 5 epochs then cosine to
+0 -- ``scheduler=cosine scheduler.warmup_epochs=5``; the official code changes the factor per epoch
+and runs epochs + 1 epochs, here it changes per step). The ``optimizer`` group is not used.
+
+BatchNorm running statistics: the official code threads them through both passes of the first part
+and drops the other parts' updates; ``bn_stats`` (both | first | second | none) says which passes of
+the FIRST part update them (default both); the other parts never do. Under DDP each rank runs its
+parts inside ``no_sync()`` (forward and backward) and g_p, h are all-reduced once, so the effective
+split is m * world_size (set ``method.m`` = 8 / GPUs to keep the paper's 8). With fp16 the loss is
+scaled by the engine's GradScaler and unscaled here; a non-finite ascent gradient gives no ascent, a
+non-finite g_p or h skips the step and halves the scale (the scale is never grown again).
+``trainer.grad_clip`` clips the averaged g_p. The returned (logged) loss is the mean loss at the noisy
+points (the official code logs the perturbed-point loss; the noisy one stays finite when fp16 gradients
+overflow, so the engine's divergence check only fires on a real divergence).
+
+Predictive: the average of softmax over ``num_samples`` (the code's ``testmc``, 32 in the paper)
+samples w + n * sqrt(1 / (N s)); ``num_samples=0`` predicts with w alone ("mean" metrics).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flatbnn.flatness.base import split_batch
+from flatbnn.methods.diag_gaussian import DiagonalGaussianMethod, batch_size
+from flatbnn.optim.bsam import BSAMOptimizer
+
+BN_POLICIES = ("both", "first", "second", "none")
+
+
+class BSAM(DiagonalGaussianMethod):
+    name = "bsam"
+
+    def __init__(self, lr: float = 0.5, beta1: float = 0.9, beta2: float = 0.999, rho: float = 0.01,
+                 m: int = 8, prior_precision: float = 40.0, n_data_factor: float = 1.0, damping: float = 0.1,
+                 s_init: float = 1.0, num_samples: int = 32, bn_stats: str = "both", eval_seed: int = 1,
+                 flatness: str | None = None):
+        if int(m) < 1:
+            raise ValueError(f"method.m must be >= 1, got {m}")
+        if bn_stats not in BN_POLICIES:
+            raise ValueError(f"method.bn_stats must be one of {BN_POLICIES}, got {bn_stats!r}")
+        super().__init__(num_samples=num_samples, n_data_factor=n_data_factor, eval_seed=eval_seed,
+                         flatness=flatness)
+        self.lr_init, self.betas, self.rho, self.m = float(lr), (float(beta1), float(beta2)), float(rho), int(m)
+        self.prior_precision, self.damping, self.s_init = float(prior_precision), float(damping), float(s_init)
+        self.bn_stats = bn_stats
+
+    def build_optimizer(self, params, n_data):
+        return BSAMOptimizer(params, lr=self.lr_init, betas=self.betas, rho=self.rho,
+                             prior_precision=self.prior_precision, n_data=n_data, damping=self.damping,
+                             s_init=self.s_init)
+
+    # ---------------------------------------------------------------- one step
+    def _grad(self, params, chunk, backprop, update_bn: bool):
+        """(loss, unscaled gradient list) of the mean loss on ``chunk`` at the current weights."""
+        for p in params:
+            p.grad = None
+        with backprop.no_sync(), backprop.bn_updates(update_bn):
+            loss = backprop.forward(self.loss_fn, chunk)
+            backprop.backward(loss)
+        grads = [g.detach().clone() for g in backprop.unscaled_grads(params)]
+        for p in params:
+            p.grad = None
+        return loss.detach(), grads
+
+    def train_step(self, batch, flatness, backprop) -> dict:
+        self._check_flatness_once(flatness)
+        opt = self.optimizer
+        params = opt.params()
+        # a short last batch (drop_last=False) gets as many parts as it has examples
+        chunks = split_batch(batch, min(self.m, batch_size(batch)))
+        with torch.no_grad():
+            mean = [p.detach().clone() for p in params]
+        g_p = [torch.zeros_like(p) for p in params]
+        h = [torch.zeros_like(p) for p in params]
+        loss_sum = torch.zeros((), device=mean[0].device)
+        try:
+            for k, (chunk, share) in enumerate(chunks):
+                first = k == 0
+                noise = opt.sample_noise(self.generator)
+                with torch.no_grad():
+                    self._assign(params, [w + n for w, n in zip(mean, noise)])
+                self._record = True  # train accuracy at the noisy weights, every part
+                loss, g = self._grad(params, chunk, backprop, first and self.bn_stats in ("first", "both"))
+                ascent, curv = opt.ascent(g), opt.curvature(g)
+                if backprop.scaler is not None and not all(torch.isfinite(a).all() for a in ascent):
+                    ascent = [torch.zeros_like(a) for a in ascent]  # fp16 overflow: no ascent (step skipped below)
+                with torch.no_grad():
+                    self._assign(params, [w + a for w, a in zip(mean, ascent)])
+                _, gp = self._grad(params, chunk, backprop, first and self.bn_stats in ("second", "both"))
+                with torch.no_grad():
+                    for acc, x in zip(g_p, gp):
+                        acc.add_(x, alpha=share)
+                    for acc, x in zip(h, curv):
+                        acc.add_(x, alpha=share)
+                loss_sum = loss_sum + loss.float() * share
+        finally:
+            self._assign(params, mean)
+        g_p = self._all_reduce(g_p)
+        h = self._all_reduce(h)
+        if backprop.scaler is not None and not all(torch.isfinite(t).all() for t in g_p + h):
+            backprop.scaler.update(new_scale=backprop.scaler.get_scale() * backprop.scaler.get_backoff_factor())
+        else:
+            for p, g in zip(params, g_p):
+                p.grad = g
+            if backprop.grad_clip:
+                torch.nn.utils.clip_grad_norm_(params, backprop.grad_clip)
+            opt.step(curvature=h)
+            for p in params:
+                p.grad = None
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return {"loss": loss_sum}
+
+    def describe(self) -> dict:
+        return {**super().describe(), "lr": self.lr_init, "beta1": self.betas[0], "beta2": self.betas[1],
+                "rho": self.rho, "m": self.m, "prior_precision": self.prior_precision,
+                "damping": self.damping, "s_init": self.s_init, "bn_stats": self.bn_stats}

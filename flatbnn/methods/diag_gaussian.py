@@ -1,0 +1,151 @@
+"""Shared base of the methods whose diagonal Gaussian posterior lives in their own optimiser state
+(``method=bsam``, ``method=vogn``): q(w) = N(w, diag(std^2)) with std from the optimiser.
+
+What the base does:
+
+* builds the method's own optimiser (``build_optimizer``) instead of the ``optimizer`` group
+  (which such a run ignores); the ``scheduler`` group still multiplies its lr (``lr_factor``);
+* refuses any ``flatness`` other than ``none`` -- the method perturbs the weights itself -- with a
+  one-line ValueError at ``setup`` (the method config passes ``flatness: ${flatness._target_}``)
+  and again, for direct API use, on the first ``train_step``;
+* training noise comes from the engine's per-rank generator (``ctx.generator``, checkpointed per
+  rank by the engine), or an own generator when none is given; its state is also kept in
+  ``state_dict`` so a state round trip alone resumes exactly;
+* ``predict`` yields ``num_samples`` weight samples w + std * n from a fixed evaluation seed (the
+  same weights on every DDP rank and after any resume); ``num_samples = 0`` predicts with the mean
+  w alone (the papers' "mean" metrics). BatchNorm running statistics are used as trained (no
+  refresh; the bSAM code does none).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flatbnn.methods.base import Method
+
+
+def batch_size(batch) -> int:
+    first = batch[0] if isinstance(batch, (tuple, list)) else batch
+    return int(first.shape[0])
+
+
+def flatness_name(flatness) -> str | None:
+    """'none', 'sam', ... from a flatness object or its ``_target_`` string (None: unknown)."""
+    if flatness is None:
+        return None
+    if isinstance(flatness, str):
+        leaf = flatness.rsplit(".", 1)[-1]
+        return "none" if leaf in ("NoFlatness", "none") else leaf.lower()
+    return getattr(flatness, "name", type(flatness).__name__)
+
+
+class DiagonalGaussianMethod(Method):
+    name = "diag_gaussian"
+
+    def __init__(self, num_samples: int = 32, n_data_factor: float = 1.0, eval_seed: int = 1,
+                 flatness: str | None = None):
+        if int(num_samples) < 0:
+            raise ValueError(f"method.num_samples must be >= 0 (0 = predict with the mean), got {num_samples}")
+        if n_data_factor <= 0:
+            raise ValueError(f"method.n_data_factor must be > 0, got {n_data_factor}")
+        super().__init__(num_samples=int(num_samples))
+        self.n_data_factor = float(n_data_factor)
+        self.eval_seed = int(eval_seed)
+        self.composed_flatness = flatness
+        self.generator: torch.Generator | None = None
+        self._flatness_checked = False
+
+    # ---------------------------------------------------------------- composition
+    def check_flatness(self, flatness) -> None:
+        name = flatness_name(flatness)
+        if name is not None and name != "none":
+            raise ValueError(f"method={self.name} perturbs the weights itself (its own noise/ascent); "
+                             f"it cannot be composed with flatness={name}: use flatness=none")
+
+    # ---------------------------------------------------------------- lifecycle
+    def build_optimizer(self, params, n_data: float) -> torch.optim.Optimizer:
+        raise NotImplementedError
+
+    def setup(self, ctx) -> None:
+        self.check_flatness(self.composed_flatness)
+        self.ctx = ctx
+        self.model = ctx.model
+        self.module = ctx.module
+        self.n_data = float(ctx.n_train) * self.n_data_factor
+        self.optimizer = self.build_optimizer(self.parameters(), self.n_data)
+        if ctx.scheduler_factory is not None:
+            self.scheduler = ctx.scheduler_factory(
+                self.optimizer, total_steps=ctx.epochs * ctx.steps_per_epoch,
+                steps_per_epoch=ctx.steps_per_epoch)
+        self.generator = ctx.generator
+        if self.generator is None:
+            self.generator = torch.Generator(device=ctx.device).manual_seed(
+                ctx.seed * 1_000_003 + 4_242 + 7_919 * ctx.rank)
+
+    def _check_flatness_once(self, flatness) -> None:
+        if not self._flatness_checked:
+            self.check_flatness(flatness)
+            self._flatness_checked = True
+
+    @torch.no_grad()
+    def _assign(self, params, values) -> None:
+        for p, v in zip(params, values):
+            p.copy_(v)
+
+    def _all_reduce(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Mean over DDP ranks of a list of tensors (one flat all-reduce)."""
+        if self.ctx.world_size <= 1 or self.ctx.all_reduce_mean is None or not tensors:
+            return tensors
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        self.ctx.all_reduce_mean(flat)
+        out, i = [], 0
+        for t in tensors:
+            out.append(flat[i:i + t.numel()].view_as(t))
+            i += t.numel()
+        return out
+
+    # ---------------------------------------------------------------- prediction
+    @torch.no_grad()
+    def sample_weights(self, generator: torch.Generator, mean: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """mean + std * n; ``mean`` defaults to the current parameters (pass a copy while sampling)."""
+        mean = [p.detach() for p in self.parameters()] if mean is None else mean
+        stds = self.optimizer.posterior_std()
+        return [w + std * torch.randn(w.shape, generator=generator, device=w.device, dtype=w.dtype)
+                for w, std in zip(mean, stds)]
+
+    @torch.no_grad()
+    def predict(self, loaders, num_samples=None):
+        k = self.num_samples if num_samples is None else int(num_samples)
+        self.module.eval()
+        if k == 0:
+            yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
+            return
+        params = self.parameters()
+        mean = [p.detach().clone() for p in params]
+        g = torch.Generator(device=mean[0].device).manual_seed(self.eval_seed)
+        try:
+            for _ in range(k):
+                self._assign(params, self.sample_weights(g, mean))
+                yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
+        finally:
+            self._assign(params, mean)
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if state.get("generator") is not None:
+            self.generator.set_state(state["generator"])
+
+    def describe(self) -> dict:
+        out = {"name": self.name, "num_samples": self.num_samples, "n_data_factor": self.n_data_factor,
+               "predictive": "mean weights" if self.num_samples == 0 else
+               f"average of softmax over {self.num_samples} samples w + std * n (eval seed {self.eval_seed})",
+               "optimizer_group": "ignored (the method's own optimiser)"}
+        if self.optimizer is not None:
+            group = self.optimizer.param_groups[0]
+            out.update({"n_data": group["n_data"], "delta": group["prior_precision"] / group["n_data"],
+                        **self.optimizer.summary()})
+        return out

@@ -1,0 +1,119 @@
+"""The bSAM update (Möllenhoff & Khan, ICLR 2023, Alg. 1 with the m-sharpness split of App. E.4)
+as a ``torch.optim.Optimizer``, so the engine's per-step schedulers set ``lr = alpha * lr_factor``.
+
+State per parameter: momentum ``m`` (zeros) and precision ``s`` (``s_init``). With
+``N = n_data`` (training-set size times the data-augmentation factor) and
+``delta = prior_precision / N``, the method (``flatbnn/methods/bsam.py``) runs the passes and
+hands this optimiser the averaged perturbed-point gradient ``g_p`` (in ``p.grad``) and the
+averaged curvature ``h = sqrt(s) * |g|`` (``curvature=``); ``step`` then does
+
+    m <- beta1 * m + (1 - beta1) * (g_p + delta * w)
+    w <- w - lr * m / s                                  (lr = alpha * lr_factor; the OLD s)
+    s <- beta2 * s + (1 - beta2) * (h + damping + delta)
+
+(no bias correction). Helpers give the quantities the passes need: the posterior standard
+deviation ``sqrt(1 / (N s))`` (noise and predictive samples) and the ascent ``rho * g / s``
+(element-wise, not normalised -- the difference from SAM).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.optim import Optimizer
+
+
+class BSAMOptimizer(Optimizer):
+    def __init__(self, params, lr: float = 0.5, betas=(0.9, 0.999), rho: float = 0.01,
+                 prior_precision: float = 1.0, n_data: float = 1.0, damping: float = 0.1,
+                 s_init: float = 1.0):
+        if lr < 0:
+            raise ValueError(f"bSAM lr must be >= 0, got {lr}")
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"bSAM betas must be in [0, 1), got {betas}")
+        if n_data <= 0:
+            raise ValueError(f"bSAM n_data must be > 0, got {n_data}")
+        if s_init <= 0:
+            raise ValueError(f"bSAM s_init must be > 0, got {s_init}")
+        if prior_precision < 0 or damping < 0 or rho < 0:
+            raise ValueError("bSAM prior_precision, damping and rho must be >= 0")
+        defaults = dict(lr=lr, betas=tuple(betas), rho=rho, prior_precision=prior_precision,
+                        n_data=float(n_data), damping=damping, s_init=s_init)
+        super().__init__(params, defaults)
+        for group in self.param_groups:  # eager state: noise can be drawn before the first step
+            for p in group["params"]:
+                self._init_state(p, group)
+
+    # ---------------------------------------------------------------- state
+    def _init_state(self, p, group) -> dict:
+        state = self.state[p]
+        if "precision" not in state:
+            state["momentum"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["precision"] = torch.full_like(p, group["s_init"], memory_format=torch.preserve_format)
+        return state
+
+    def params(self) -> list[torch.Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def _groups(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                yield p, group
+
+    @staticmethod
+    def delta(group) -> float:
+        return group["prior_precision"] / group["n_data"]
+
+    def precisions(self) -> list[torch.Tensor]:
+        return [self.state[p]["precision"] for p in self.params()]
+
+    # ---------------------------------------------------------------- quantities of the passes
+    @torch.no_grad()
+    def posterior_std(self) -> list[torch.Tensor]:
+        """sqrt(1 / (N s)) per parameter (training noise and predictive samples)."""
+        return [torch.rsqrt(self.state[p]["precision"] * group["n_data"]) for p, group in self._groups()]
+
+    @torch.no_grad()
+    def sample_noise(self, generator: torch.Generator | None) -> list[torch.Tensor]:
+        """n * sqrt(1 / (N s)), n ~ N(0, I), drawn parameter by parameter in ``params()`` order."""
+        return [torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype) * std
+                for p, std in zip(self.params(), self.posterior_std())]
+
+    @torch.no_grad()
+    def ascent(self, grads) -> list[torch.Tensor]:
+        """rho * g / s (element-wise)."""
+        return [group["rho"] * g / self.state[p]["precision"] for (p, group), g in zip(self._groups(), grads)]
+
+    @torch.no_grad()
+    def curvature(self, grads) -> list[torch.Tensor]:
+        """h = sqrt(s * g^2) = sqrt(s) * |g| (the official code's form)."""
+        return [torch.sqrt(self.state[p]["precision"] * g * g) for p, g in zip(self.params(), grads)]
+
+    # ---------------------------------------------------------------- the update
+    @torch.no_grad()
+    def step(self, closure=None, curvature=None):
+        """``p.grad`` = averaged g_p; ``curvature`` = averaged h, aligned with ``params()``."""
+        if closure is not None:
+            raise ValueError("BSAMOptimizer.step takes no closure: the method runs the passes")
+        if curvature is None:
+            raise ValueError("BSAMOptimizer.step needs curvature=[h per parameter] (sqrt(s) * |g|)")
+        curvature = list(curvature)
+        for (p, group), h in zip(self._groups(), curvature, strict=True):
+            state = self._init_state(p, group)
+            beta1, beta2 = group["betas"]
+            delta = self.delta(group)
+            m, s = state["momentum"], state["precision"]
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            m.mul_(beta1).add_(g + delta * p, alpha=1.0 - beta1)
+            p.addcdiv_(m, s, value=-group["lr"])           # old s
+            s.mul_(beta2).add_(h + (group["damping"] + delta), alpha=1.0 - beta2)
+        return None
+
+    def summary(self) -> dict:
+        """Posterior summary for results.json: mean precision s and mean posterior std."""
+        n, s_sum, std_sum = 0, 0.0, 0.0
+        for p, group in self._groups():
+            s = self.state[p]["precision"]
+            n += s.numel()
+            s_sum += float(s.double().sum())
+            std_sum += float(torch.rsqrt(s.double() * group["n_data"]).sum())
+        return {"mean_precision": s_sum / max(n, 1), "mean_posterior_std": std_sum / max(n, 1)}

@@ -1,0 +1,101 @@
+"""The VOGN update (Osawa et al., NeurIPS 2019, "Practical deep learning with Bayesian principles";
+variational online Gauss-Newton of Khan et al. 2018 with Adam-like momentum) as a
+``torch.optim.Optimizer``, so the engine's per-step schedulers set ``lr = alpha * lr_factor``.
+
+State per parameter: mean ``mu`` (the parameter itself), momentum ``m`` (zeros) and the scaled
+precision ``s`` (``s_init``). With ``N = n_data`` (training-set size times the augmentation factor)
+and ``delta = prior_precision / N`` the posterior is q(w) = N(mu, 1 / (N (s + delta))). The method
+(``flatbnn/methods/vogn.py``) samples w~ = mu + sigma * eps, computes per-example gradients g_i at
+w~ and hands this optimiser g_hat = mean_i g_i (in ``p.grad``) and h_hat = mean_i g_i^2
+(``curvature=``); ``step`` then does
+
+    m  <- beta1 * m + (1 - beta1) * (g_hat + delta * mu)
+    s  <- beta2 * s + (1 - beta2) * h_hat
+    mu <- mu - lr * m / (s + delta + damping)            (lr = alpha * lr_factor; the NEW s)
+
+(no bias correction). See ``flatbnn/methods/vogn.py`` for the relation to Osawa et al.'s algorithm.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.optim import Optimizer
+
+
+class VOGNOptimizer(Optimizer):
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), prior_precision: float = 1.0,
+                 n_data: float = 1.0, damping: float = 1e-3, s_init: float = 1.0):
+        if lr < 0:
+            raise ValueError(f"VOGN lr must be >= 0, got {lr}")
+        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"VOGN betas must be in [0, 1), got {betas}")
+        if n_data <= 0:
+            raise ValueError(f"VOGN n_data must be > 0, got {n_data}")
+        if s_init < 0 or prior_precision < 0 or damping < 0:
+            raise ValueError("VOGN s_init, prior_precision and damping must be >= 0")
+        if s_init == 0 and prior_precision == 0:
+            raise ValueError("VOGN needs s_init > 0 or prior_precision > 0 (the initial variance is 1/(N(s+delta)))")
+        defaults = dict(lr=lr, betas=tuple(betas), prior_precision=prior_precision, n_data=float(n_data),
+                        damping=damping, s_init=s_init)
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                self._init_state(p, group)
+
+    def _init_state(self, p, group) -> dict:
+        state = self.state[p]
+        if "precision" not in state:
+            state["momentum"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["precision"] = torch.full_like(p, group["s_init"], memory_format=torch.preserve_format)
+        return state
+
+    def params(self) -> list[torch.Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def _groups(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                yield p, group
+
+    @staticmethod
+    def delta(group) -> float:
+        return group["prior_precision"] / group["n_data"]
+
+    @torch.no_grad()
+    def posterior_std(self) -> list[torch.Tensor]:
+        """sigma = 1 / sqrt(N (s + delta)) per parameter."""
+        return [torch.rsqrt((self.state[p]["precision"] + self.delta(group)) * group["n_data"])
+                for p, group in self._groups()]
+
+    @torch.no_grad()
+    def sample_noise(self, generator: torch.Generator | None) -> list[torch.Tensor]:
+        """sigma * eps, eps ~ N(0, I), drawn parameter by parameter in ``params()`` order."""
+        return [torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype) * std
+                for p, std in zip(self.params(), self.posterior_std())]
+
+    @torch.no_grad()
+    def step(self, closure=None, curvature=None):
+        """``p.grad`` = g_hat (mean per-example gradient); ``curvature`` = h_hat (mean of g_i^2)."""
+        if closure is not None:
+            raise ValueError("VOGNOptimizer.step takes no closure: the method computes the gradients")
+        if curvature is None:
+            raise ValueError("VOGNOptimizer.step needs curvature=[mean_i g_i^2 per parameter]")
+        for (p, group), h in zip(self._groups(), list(curvature), strict=True):
+            state = self._init_state(p, group)
+            beta1, beta2 = group["betas"]
+            delta = self.delta(group)
+            m, s = state["momentum"], state["precision"]
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            m.mul_(beta1).add_(g + delta * p, alpha=1.0 - beta1)
+            s.mul_(beta2).add_(h, alpha=1.0 - beta2)
+            p.addcdiv_(m, s + (delta + group["damping"]), value=-group["lr"])  # new s
+        return None
+
+    def summary(self) -> dict:
+        n, s_sum, std_sum = 0, 0.0, 0.0
+        for p, group in self._groups():
+            s = self.state[p]["precision"].double()
+            n += s.numel()
+            s_sum += float(s.sum())
+            std_sum += float(torch.rsqrt((s + self.delta(group)) * group["n_data"]).sum())
+        return {"mean_precision": s_sum / max(n, 1), "mean_posterior_std": std_sum / max(n, 1)}

@@ -121,13 +121,7 @@ class BSAM(DiagonalGaussianMethod):
         if backprop.scaler is not None and not all(torch.isfinite(t).all() for t in g_p + h):
             backprop.scaler.update(new_scale=backprop.scaler.get_scale() * backprop.scaler.get_backoff_factor())
         else:
-            for p, g in zip(params, g_p):
-                p.grad = g
-            if backprop.grad_clip:
-                torch.nn.utils.clip_grad_norm_(params, backprop.grad_clip)
-            opt.step(curvature=h)
-            for p in params:
-                p.grad = None
+            self.apply_update(params, g_p, h, backprop)
         if self.scheduler is not None:
             self.scheduler.step()
         return {"loss": loss_sum}

@@ -62,6 +62,16 @@ class DiagonalGaussianMethod(Method):
             raise ValueError(f"method={self.name} perturbs the weights itself (its own noise/ascent); "
                              f"it cannot be composed with flatness={name}: use flatness=none")
 
+    def apply_update(self, params, grads, curvature, backprop) -> None:
+        """Hand the (all-reduced) gradient and curvature to the optimiser; clipping as the engine does."""
+        for p, g in zip(params, grads):
+            p.grad = g
+        if backprop.grad_clip:
+            torch.nn.utils.clip_grad_norm_(params, backprop.grad_clip)
+        self.optimizer.step(curvature=curvature)
+        for p in params:
+            p.grad = None
+
     # ---------------------------------------------------------------- lifecycle
     def build_optimizer(self, params, n_data: float) -> torch.optim.Optimizer:
         raise NotImplementedError

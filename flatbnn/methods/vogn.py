@@ -126,13 +126,7 @@ class VOGN(DiagonalGaussianMethod):
                 self._seen += y.numel()
         g_hat = self._all_reduce(g_hat)
         h_hat = self._all_reduce(h_hat)
-        for p, g in zip(params, g_hat):
-            p.grad = g
-        if backprop.grad_clip:
-            torch.nn.utils.clip_grad_norm_(params, backprop.grad_clip)
-        opt.step(curvature=h_hat)
-        for p in params:
-            p.grad = None
+        self.apply_update(params, g_hat, h_hat, backprop)
         if self.scheduler is not None:
             self.scheduler.step()
         return {"loss": loss_sum}

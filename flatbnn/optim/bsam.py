@@ -19,10 +19,11 @@ deviation ``sqrt(1 / (N s))`` (noise and predictive samples) and the ascent ``rh
 from __future__ import annotations
 
 import torch
-from torch.optim import Optimizer
+
+from flatbnn.optim.precision import PrecisionOptimizer
 
 
-class BSAMOptimizer(Optimizer):
+class BSAMOptimizer(PrecisionOptimizer):
     def __init__(self, params, lr: float = 0.5, betas=(0.9, 0.999), rho: float = 0.01,
                  prior_precision: float = 1.0, n_data: float = 1.0, damping: float = 0.1,
                  s_init: float = 1.0):
@@ -39,45 +40,8 @@ class BSAMOptimizer(Optimizer):
         defaults = dict(lr=lr, betas=tuple(betas), rho=rho, prior_precision=prior_precision,
                         n_data=float(n_data), damping=damping, s_init=s_init)
         super().__init__(params, defaults)
-        for group in self.param_groups:  # eager state: noise can be drawn before the first step
-            for p in group["params"]:
-                self._init_state(p, group)
-
-    # ---------------------------------------------------------------- state
-    def _init_state(self, p, group) -> dict:
-        state = self.state[p]
-        if "precision" not in state:
-            state["momentum"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["precision"] = torch.full_like(p, group["s_init"], memory_format=torch.preserve_format)
-        return state
-
-    def params(self) -> list[torch.Tensor]:
-        return [p for g in self.param_groups for p in g["params"]]
-
-    def _groups(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                yield p, group
-
-    @staticmethod
-    def delta(group) -> float:
-        return group["prior_precision"] / group["n_data"]
-
-    def precisions(self) -> list[torch.Tensor]:
-        return [self.state[p]["precision"] for p in self.params()]
 
     # ---------------------------------------------------------------- quantities of the passes
-    @torch.no_grad()
-    def posterior_std(self) -> list[torch.Tensor]:
-        """sqrt(1 / (N s)) per parameter (training noise and predictive samples)."""
-        return [torch.rsqrt(self.state[p]["precision"] * group["n_data"]) for p, group in self._groups()]
-
-    @torch.no_grad()
-    def sample_noise(self, generator: torch.Generator | None) -> list[torch.Tensor]:
-        """n * sqrt(1 / (N s)), n ~ N(0, I), drawn parameter by parameter in ``params()`` order."""
-        return [torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype) * std
-                for p, std in zip(self.params(), self.posterior_std())]
-
     @torch.no_grad()
     def ascent(self, grads) -> list[torch.Tensor]:
         """rho * g / s (element-wise)."""
@@ -87,6 +51,9 @@ class BSAMOptimizer(Optimizer):
     def curvature(self, grads) -> list[torch.Tensor]:
         """h = sqrt(s * g^2) = sqrt(s) * |g| (the official code's form)."""
         return [torch.sqrt(self.state[p]["precision"] * g * g) for p, g in zip(self.params(), grads)]
+
+    def posterior_precision(self, s, group):
+        return s  # noise and predictive: N(w, 1 / (N s))
 
     # ---------------------------------------------------------------- the update
     @torch.no_grad()
@@ -107,13 +74,3 @@ class BSAMOptimizer(Optimizer):
             p.addcdiv_(m, s, value=-group["lr"])           # old s
             s.mul_(beta2).add_(h + (group["damping"] + delta), alpha=1.0 - beta2)
         return None
-
-    def summary(self) -> dict:
-        """Posterior summary for results.json: mean precision s and mean posterior std."""
-        n, s_sum, std_sum = 0, 0.0, 0.0
-        for p, group in self._groups():
-            s = self.state[p]["precision"]
-            n += s.numel()
-            s_sum += float(s.double().sum())
-            std_sum += float(torch.rsqrt(s.double() * group["n_data"]).sum())
-        return {"mean_precision": s_sum / max(n, 1), "mean_posterior_std": std_sum / max(n, 1)}

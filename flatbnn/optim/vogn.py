@@ -19,10 +19,11 @@ w~ and hands this optimiser g_hat = mean_i g_i (in ``p.grad``) and h_hat = mean_
 from __future__ import annotations
 
 import torch
-from torch.optim import Optimizer
+
+from flatbnn.optim.precision import PrecisionOptimizer
 
 
-class VOGNOptimizer(Optimizer):
+class VOGNOptimizer(PrecisionOptimizer):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), prior_precision: float = 1.0,
                  n_data: float = 1.0, damping: float = 1e-3, s_init: float = 1.0):
         if lr < 0:
@@ -38,40 +39,9 @@ class VOGNOptimizer(Optimizer):
         defaults = dict(lr=lr, betas=tuple(betas), prior_precision=prior_precision, n_data=float(n_data),
                         damping=damping, s_init=s_init)
         super().__init__(params, defaults)
-        for group in self.param_groups:
-            for p in group["params"]:
-                self._init_state(p, group)
 
-    def _init_state(self, p, group) -> dict:
-        state = self.state[p]
-        if "precision" not in state:
-            state["momentum"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["precision"] = torch.full_like(p, group["s_init"], memory_format=torch.preserve_format)
-        return state
-
-    def params(self) -> list[torch.Tensor]:
-        return [p for g in self.param_groups for p in g["params"]]
-
-    def _groups(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                yield p, group
-
-    @staticmethod
-    def delta(group) -> float:
-        return group["prior_precision"] / group["n_data"]
-
-    @torch.no_grad()
-    def posterior_std(self) -> list[torch.Tensor]:
-        """sigma = 1 / sqrt(N (s + delta)) per parameter."""
-        return [torch.rsqrt((self.state[p]["precision"] + self.delta(group)) * group["n_data"])
-                for p, group in self._groups()]
-
-    @torch.no_grad()
-    def sample_noise(self, generator: torch.Generator | None) -> list[torch.Tensor]:
-        """sigma * eps, eps ~ N(0, I), drawn parameter by parameter in ``params()`` order."""
-        return [torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype) * std
-                for p, std in zip(self.params(), self.posterior_std())]
+    def posterior_precision(self, s, group):
+        return s + self.delta(group)  # sigma^2 = 1 / (N (s + delta))
 
     @torch.no_grad()
     def step(self, closure=None, curvature=None):
@@ -90,12 +60,3 @@ class VOGNOptimizer(Optimizer):
             s.mul_(beta2).add_(h, alpha=1.0 - beta2)
             p.addcdiv_(m, s + (delta + group["damping"]), value=-group["lr"])  # new s
         return None
-
-    def summary(self) -> dict:
-        n, s_sum, std_sum = 0, 0.0, 0.0
-        for p, group in self._groups():
-            s = self.state[p]["precision"].double()
-            n += s.numel()
-            s_sum += float(s.sum())
-            std_sum += float(torch.rsqrt((s + self.delta(group)) * group["n_data"]).sum())
-        return {"mean_precision": s_sum / max(n, 1), "mean_posterior_std": std_sum / max(n, 1)}

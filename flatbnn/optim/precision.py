@@ -1,0 +1,64 @@
+"""Shared state of the Adam-like natural-gradient optimisers (bSAM, VOGN): a mean (the parameter),
+a momentum and a per-weight precision s; the posterior is N(w, 1 / (N * precision))."""
+
+from __future__ import annotations
+
+import torch
+from torch.optim import Optimizer
+
+
+class PrecisionOptimizer(Optimizer):
+    def __init__(self, params, defaults: dict):
+        super().__init__(params, defaults)
+        for group in self.param_groups:  # eager state: noise can be drawn before the first step
+            for p in group["params"]:
+                self._init_state(p, group)
+
+    def _init_state(self, p, group) -> dict:
+        state = self.state[p]
+        if "precision" not in state:
+            state["momentum"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["precision"] = torch.full_like(p, group["s_init"], memory_format=torch.preserve_format)
+        return state
+
+    def params(self) -> list[torch.Tensor]:
+        return [p for g in self.param_groups for p in g["params"]]
+
+    def _groups(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                yield p, group
+
+    @staticmethod
+    def delta(group) -> float:
+        """Prior precision per example: prior_precision / N."""
+        return group["prior_precision"] / group["n_data"]
+
+    def precisions(self) -> list[torch.Tensor]:
+        return [self.state[p]["precision"] for p in self.params()]
+
+    def posterior_precision(self, s: torch.Tensor, group) -> torch.Tensor:
+        """Per-example posterior precision from the state s (bSAM: s; VOGN: s + delta)."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def posterior_std(self) -> list[torch.Tensor]:
+        """1 / sqrt(N * posterior precision) per parameter (training noise and predictive samples)."""
+        return [torch.rsqrt(self.posterior_precision(self.state[p]["precision"], group) * group["n_data"])
+                for p, group in self._groups()]
+
+    @torch.no_grad()
+    def sample_noise(self, generator: torch.Generator | None) -> list[torch.Tensor]:
+        """std * n, n ~ N(0, I), drawn parameter by parameter in ``params()`` order."""
+        return [torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype) * std
+                for p, std in zip(self.params(), self.posterior_std())]
+
+    def summary(self) -> dict:
+        """Posterior summary for results.json: mean precision s and mean posterior std."""
+        n, s_sum, std_sum = 0, 0.0, 0.0
+        for p, group in self._groups():
+            s = self.state[p]["precision"].double()
+            n += s.numel()
+            s_sum += float(s.sum())
+            std_sum += float(torch.rsqrt(self.posterior_precision(s, group) * group["n_data"]).sum())
+        return {"mean_precision": s_sum / max(n, 1), "mean_posterior_std": std_sum / max(n, 1)}

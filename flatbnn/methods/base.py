@@ -68,6 +68,11 @@ class Method:
         self.model = ctx.model
         self.module = ctx.module
         self.optimizer = ctx.optimizer_factory(self.parameters())
+        self.attach_scheduler()
+
+    def attach_scheduler(self) -> None:
+        """The run's lr schedule over ``self.optimizer`` (every method's optimiser gets the same one)."""
+        ctx = self.ctx
         if ctx.scheduler_factory is not None:
             self.scheduler = ctx.scheduler_factory(
                 self.optimizer, total_steps=ctx.epochs * ctx.steps_per_epoch,
@@ -141,6 +146,23 @@ class Method:
         One weight sample serves all sets (test, OOD, corruptions), so their metrics are coherent.
         """
         raise NotImplementedError
+
+    @torch.no_grad()
+    def predict_at_samples(self, loaders: dict, num_samples: int, draw: Callable) -> Iterator[dict]:
+        """Predictions at ``num_samples`` weight samples ``draw(generator, mean) -> weights`` around the
+        current weights (generator seeded with ``self.eval_seed``: every evaluation sees the same samples);
+        the weights are restored afterwards, also if the consumer stops early."""
+        params = self.parameters()
+        mean = [p.detach().clone() for p in params]
+        g = torch.Generator(device=self.ctx.device).manual_seed(self.eval_seed)
+        try:
+            for _ in range(num_samples):
+                for p, w in zip(params, draw(g, mean)):
+                    p.copy_(w)
+                yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
+        finally:
+            for p, w in zip(params, mean):
+                p.copy_(w)
 
     def monitor(self, loaders: dict) -> Iterator[dict[str, torch.Tensor]]:
         """Cheap per-epoch view for metrics.jsonl: the current weights, one pass (no sampling)."""

@@ -48,10 +48,7 @@ class DeepEnsemble(Method):
         self.module.load_state_dict(fresh.state_dict())
         del fresh
         self.optimizer = self.ctx.optimizer_factory(self.parameters())
-        if self.ctx.scheduler_factory is not None:
-            self.scheduler = self.ctx.scheduler_factory(
-                self.optimizer, total_steps=self.ctx.epochs * self.ctx.steps_per_epoch,
-                steps_per_epoch=self.ctx.steps_per_epoch)
+        self.attach_scheduler()
 
     @torch.no_grad()
     def predict(self, loaders, num_samples=None):

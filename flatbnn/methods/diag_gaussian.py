@@ -83,10 +83,7 @@ class DiagonalGaussianMethod(Method):
         self.module = ctx.module
         self.n_data = float(ctx.n_train) * self.n_data_factor
         self.optimizer = self.build_optimizer(self.parameters(), self.n_data)
-        if ctx.scheduler_factory is not None:
-            self.scheduler = ctx.scheduler_factory(
-                self.optimizer, total_steps=ctx.epochs * ctx.steps_per_epoch,
-                steps_per_epoch=ctx.steps_per_epoch)
+        self.attach_scheduler()
         self.generator = ctx.generator
         if self.generator is None:
             self.generator = torch.Generator(device=ctx.device).manual_seed(
@@ -130,15 +127,7 @@ class DiagonalGaussianMethod(Method):
         if k == 0:
             yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
             return
-        params = self.parameters()
-        mean = [p.detach().clone() for p in params]
-        g = torch.Generator(device=mean[0].device).manual_seed(self.eval_seed)
-        try:
-            for _ in range(k):
-                self._assign(params, self.sample_weights(g, mean))
-                yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
-        finally:
-            self._assign(params, mean)
+        yield from self.predict_at_samples(loaders, k, self.sample_weights)
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict:

@@ -75,18 +75,9 @@ class RandomSAMMethod(Method):
         if k == 1:
             yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
             return
-        params = self.parameters()
-        saved = [p.detach().clone() for p in params]
         std = self.std()
-        g = torch.Generator(device=self.ctx.device).manual_seed(self.eval_seed)
-        try:
-            for _ in range(k):
-                for p, w in zip(params, saved):
-                    p.copy_(w + std * torch.randn(p.shape, generator=g, device=g.device, dtype=p.dtype).to(p.device))
-                yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
-        finally:
-            for p, w in zip(params, saved):
-                p.copy_(w)
+        yield from self.predict_at_samples(loaders, k, lambda g, mean: [
+            w + std * torch.randn(w.shape, generator=g, device=g.device, dtype=w.dtype).to(w.device) for w in mean])
 
     def describe(self) -> dict:
         d = {"name": self.name, "num_samples": self.num_samples, "rho": self.perturbation.rho,

@@ -106,9 +106,7 @@ class SGVB(Method):
         if det:
             groups.append({"params": det})
         self.optimizer = ctx.optimizer_factory(groups)
-        if ctx.scheduler_factory is not None:
-            self.scheduler = ctx.scheduler_factory(self.optimizer, total_steps=ctx.epochs * ctx.steps_per_epoch,
-                                                   steps_per_epoch=ctx.steps_per_epoch)
+        self.attach_scheduler()
 
     @property
     def n_data(self) -> int:

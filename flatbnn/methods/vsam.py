@@ -72,9 +72,7 @@ class VariationalSAM(Method):
         if self.m_weight_decay is not None:
             m_group["weight_decay"] = float(self.m_weight_decay)
         self.optimizer = ctx.optimizer_factory([{"params": params}, m_group])
-        if ctx.scheduler_factory is not None:
-            self.scheduler = ctx.scheduler_factory(self.optimizer, total_steps=ctx.epochs * ctx.steps_per_epoch,
-                                                   steps_per_epoch=ctx.steps_per_epoch)
+        self.attach_scheduler()
 
     @property
     def n_data(self) -> int:
@@ -145,18 +143,9 @@ class VariationalSAM(Method):
         if k == 1:
             yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
             return
-        params = self.parameters()
-        saved = [p.detach().clone() for p in params]
-        g = torch.Generator(device=self.ctx.device).manual_seed(self.eval_seed)
-        try:
-            for _ in range(k):
-                for p, w, m in zip(params, saved, self.M):
-                    z = torch.randn(p.shape, generator=g, device=g.device, dtype=p.dtype).to(p.device)
-                    p.copy_(w + z / m)
-                yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
-        finally:
-            for p, w in zip(params, saved):
-                p.copy_(w)
+        yield from self.predict_at_samples(loaders, k, lambda g, mean: [  # Sigma = M^-2
+            w + torch.randn(w.shape, generator=g, device=g.device, dtype=w.dtype).to(w.device) / m
+            for w, m in zip(mean, self.M)])
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "M": [m.detach().clone() for m in self.M]}

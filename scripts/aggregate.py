@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Aggregate run directories (each with a results.json) into a table: mean ± std over seeds.
 
-    python scripts/aggregate.py multirun/2026-11-22/12-00-00 [more dirs...] [--markdown] [--out table.md]
+    python scripts/aggregate.py multirun/2026-11-22/12-00-00 [more dirs...] [--out table.md] [--json rows.json]
 
 Rows are grouped by (dataset, model, method, flatness and its radius); every row states its budget
 (epochs, train size, world size, hardware) so a short CPU run is never mistaken for a paper number.

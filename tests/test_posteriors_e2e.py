@@ -53,9 +53,14 @@ def test_swag_composes_with_any_flatness_variant(flatness, tmp_path):
     ("f_swag", ["method.swa_start=2", "method.num_samples=3"]),
     ("sgld", ["optimizer.momentum=0", "method.burn_in=2"]),
     ("deep_ens", ["method.num_members=2", "trainer.epochs=3"]),
+    # variational methods: mu, rho, momenta, noise generator; HWA's averages, deviations and restarts
+    ("f_sgvb_lrt", ["method.num_samples=3"]),
+    ("hwa", ["method.covariance=lowrank", "method.num_samples=3"]),
+    ("vsam", ["method.num_samples=3"]),
+    ("mfvi", ["method.num_samples=3"]),
 ])
 def test_killed_posterior_run_resumes_to_identical_result(method, extra, tmp_path):
-    """Collected moments / kept samples / finished members live in the checkpoint."""
+    """Collected moments / kept samples / finished members / variational state live in the checkpoint."""
     args = DIGITS + [f"method={method}", "trainer.epochs=6", "trainer.batch_size=16"] + extra
     train_cli(args, tmp_path / "ref")
     run = tmp_path / "killed"

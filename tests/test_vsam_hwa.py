@@ -116,7 +116,8 @@ def _hwa(seed=0, **kw):
 
 @pytest.mark.parametrize("covariance", ["diag", "lowrank"])
 def test_hwa_averaging_follows_eq4_by_hand(covariance):
-    m, net = _hwa(cycle_length=2, start=0.25, covariance=covariance, max_rank=3)  # start = step 3 of 12
+    m, net = _hwa(cycle_length=2, start=0.25, covariance=covariance, max_rank=3,  # start = step 3 of 12
+                  train_from="svi")  # snapshots of the SVI trajectory itself (Alg. 2's restart: tested below)
     assert m.start_step == 3 and m.cycle_length == 2
     x, y = _data(n=120)
     bp = Backprop(net, CPU)
@@ -151,7 +152,8 @@ def test_hwa_averaging_follows_eq4_by_hand(covariance):
     m.variance_mode = "eq4"
     torch.testing.assert_close(m.diag_variance, M.var(0, unbiased=False))
     m.variance_mode = "mixture"
-    torch.testing.assert_close(m.diag_variance, M.var(0, unbiased=False) + torch.stack([s[1] for s in snaps]).mean(0))
+    svi = torch.stack([s[1] for s in snaps]).mean(0) * (2 if covariance == "lowrank" else 1)  # Eq. 5 halves it
+    torch.testing.assert_close(m.diag_variance, M.var(0, unbiased=False) + svi)
     if covariance == "lowrank":
         k = min(m._dev_count, m.max_rank)
         assert k == 3
@@ -169,7 +171,7 @@ def test_hwa_lowrank_samples_have_the_eq5_covariance():
     m._dev = torch.randn(4, d, generator=g, dtype=torch.float64) * 0.2
     m._dev_count = 4
     m.n_models = 4
-    diag = 0.03 * torch.ones(d, dtype=torch.float64)  # mixture: 0.02 + 0.01
+    diag = 0.05 * torch.ones(d, dtype=torch.float64)  # mixture: 2 * 0.02 (learned part, halved by Eq. 5) + 0.01
     cov = 0.5 * torch.diag(diag) + m._dev.T @ m._dev / (2 * 3)
     S = torch.stack([m.sample_vector(g) for _ in range(20000)])
     sub = slice(0, 6)
@@ -199,6 +201,82 @@ def test_hwa_state_round_trip_resumes_exactly_and_predicts_from_the_average():
     assert len(pa) == 2 and torch.equal(pa[0]["t"], pb[0]["t"])
     for p, q in zip(before, net_a.parameters()):  # prediction leaves the SVI state untouched
         assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("variance", ["mixture", "eq4", "svi"])
+def test_hwa_alg2_restarts_the_svi_iterate_from_the_averaged_q(variance):
+    x, y = _data(n=120)
+    m, net = _hwa(cycle_length=3, start=0.0, variance=variance)  # averages at steps 3, 6, 9, 12
+    ref, net_ref = _hwa(cycle_length=3, start=0.0, variance=variance, train_from="svi")
+    layers = bayesian_layers(net)
+    sig2 = lambda: torch.cat([F.softplus(r.detach()).reshape(-1) ** 2 for l in layers  # noqa: E731
+                              for r in (l.weight_rho, l.bias_rho)])
+    for k in range(6):
+        batch = (x[10 * k:10 * k + 10], y[10 * k:10 * k + 10])
+        before = m.mean_vector().clone(), sig2()
+        m.train_step(batch, NoFlatness(), Backprop(net, CPU))
+        ref.train_step(batch, NoFlatness(), Backprop(net_ref, CPU))
+        if k == 2:  # first average: q_HWA = the iterate itself, the restart changes nothing (up to rounding)
+            torch.testing.assert_close(m.mean_vector(), ref.mean_vector(), rtol=0, atol=1e-15)
+            if variance != "eq4":
+                torch.testing.assert_close(sig2(), ref.variance_vector(), rtol=1e-9, atol=1e-15)
+        if k == 5:  # second average: the iterate IS the averaged q (mean and diagonal)
+            torch.testing.assert_close(m.mean_vector(), m.mu_avg, rtol=0, atol=0)
+            expect = m.diag_variance.clamp_min(1e-16)
+            torch.testing.assert_close(sig2(), expect, rtol=1e-9, atol=1e-15)
+            assert not torch.equal(m.mean_vector(), before[0])
+            # and it differs from training on from the SVI iterate
+            assert (m.mean_vector() - ref.mean_vector()).abs().max() > 1e-4
+    # a step after the restart is an ordinary SVI step from (mu_HWA, sigma_HWA)
+    batch = (x[60:70], y[60:70])
+    m2 = copy.deepcopy(m.state_dict())
+    m.train_step(batch, NoFlatness(), Backprop(net, CPU))
+    assert m.n_models == 2 and not torch.equal(m.mean_vector(), m.mu_avg)
+    assert m2["n_models"] == 2
+
+
+def test_hwa_alg2_lowrank_training_sample_and_its_exact_kl():
+    """With covariance=lowrank the training weights are mu + sigma*eps + U z (Eq. 5) and the KL term is the
+    closed-form KL of that full-covariance Gaussian to the prior (checked against torch.distributions)."""
+    x, y = _data(n=200)
+    m, net = _hwa(cycle_length=1, start=0.0, covariance="lowrank", max_rank=3, train_samples=1)
+    for k in range(5):  # 5 averages -> 3 deviation columns, iterate = averaged q
+        m.train_step((x[10 * k:10 * k + 10], y[10 * k:10 * k + 10]), NoFlatness(), Backprop(net, CPU))
+    U = m.lowrank_factor()
+    assert U.shape == (m.mu_avg.numel(), 3)
+    # the sample: gradient of the data term at mu + U z with the layers' eps; mu itself untouched
+    gen_state = m.ctx.generator.get_state()
+    mu0 = m.mean_vector().clone()
+    batch = (x[100:110], y[100:110])
+    m.optimizer.zero_grad(set_to_none=True)
+    m.bank.clear()
+    nll = m.data_gradient(batch, NoFlatness(), Backprop(net, CPU))
+    assert torch.equal(m.mean_vector(), mu0)
+    g_hwa = [p.grad.clone() for p in m.mean_params]
+    m.ctx.generator.set_state(gen_state)
+    z = torch.randn(3, generator=m.ctx.generator, dtype=U.dtype)
+    m.write_mean_vector(mu0 + U @ z)
+    m.optimizer.zero_grad(set_to_none=True)
+    loss = m.loss_fn(batch)  # the bank still holds this step's eps: replayed
+    grads = torch.autograd.grad(loss, m.mean_params)
+    m.write_mean_vector(mu0)
+    assert abs(float(loss.detach()) - nll) < 1e-12
+    for a, b in zip(g_hwa, grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    m.bank.clear()
+    # KL of N(mu_b, diag(sigma^2) + U_b U_b^T) to N(0, s^2 I) over the Bayesian coordinates
+    m._lowrank_U = U
+    kl = m.kl()
+    m._lowrank_U = None
+    mask = m._bayes_mask
+    sigma = torch.cat([F.softplus(m._sigma_of[id(p)]).reshape(-1) for p in m.mean_params if id(p) in m._sigma_of])
+    cov = torch.diag(sigma.detach() ** 2) + U[mask] @ U[mask].T
+    q = torch.distributions.MultivariateNormal(mu0[mask], covariance_matrix=cov)
+    p = torch.distributions.MultivariateNormal(torch.zeros_like(mu0[mask]),
+                                               covariance_matrix=m.prior_variance * torch.eye(int(mask.sum()),
+                                                                                              dtype=U.dtype))
+    torch.testing.assert_close(kl.detach(), torch.distributions.kl_divergence(q, p), rtol=1e-9, atol=1e-9)
+    assert abs(float(kl.detach()) - float(m.kl().detach())) > 1e-3  # the low-rank part is not ignored
 
 
 # ------------------------------------------------------------------------------------------ Hydra runs

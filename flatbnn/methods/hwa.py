@@ -22,11 +22,27 @@ hyperparameters"), and ``variance`` chooses the averaged q's diagonal:
 
 ``covariance=lowrank`` adds Eq. (5): Sigma = Sigma_diag / 2 + D D^T / (2 (R - 1)), D the last R
 deviations mu_k - mu_HWA (mean updated first), R = ``max_rank`` (columns actually collected until the
-buffer is full). Deterministic parameters (normalisation layers) are averaged like SWA with zero
-variance. The averaged q is used only for prediction (training continues from the SVI iterate;
-Alg. 2's feeding of the averaged covariance back into training is not implemented). Prediction
-writes each sample into mu and runs the layers in mean mode, then refreshes BatchNorm statistics
-(``bn_refresh``; skipped for BN-free nets). Before the first average it predicts from the SVI q.
+buffer is full). With the low-rank proposal the learned sigma^2 is the diagonal *part* of the proposal,
+so it enters Sigma_diag twice (Sigma_diag / 2 = v_HWA [+ var_traj / 2]); otherwise feeding the average
+back (below) would halve the learned variance every cycle. With ``variance=eq4`` this is SWAG's
+covariance exactly. Deterministic parameters (normalisation layers) are averaged like SWA with zero
+diagonal variance (they do take part in D).
+
+``train_from`` (Alg. 2, section 3.4): ``average`` (default, the paper) -- after each averaging the
+SVI iterate restarts from the averaged q, i.e. mu <- mu_HWA and sigma^2 <- the diagonal of Sigma_HWA
+(for ``lowrank``: Sigma_diag / 2), so "the neural network weights are then sampled according to the
+updated variational candidate" for the next gradients; with ``lowrank`` each training sample also
+carries the low-rank part, w = mu + sigma*eps + D z / sqrt(2 (R - 1)), z ~ N(0, I_R) drawn per step from
+the run's generator and held fixed through the flatness passes, and the KL term is the exact KL of that
+Gaussian, KL_mf + ||D_b||^2 / (4 (R-1) s^2) - 1/2 log det(I + U^T diag(sigma^2)^-1 U) with U = D_b /
+sqrt(2 (R - 1)) over the Bayesian coordinates (matrix determinant lemma; D is a statistic of the
+trajectory, not trained). The restart is Lookahead (Zhang et al. 2019) with a 1/(n_m + 1) step on the
+slow weights; the optimiser's momentum is kept across restarts. ``svi``: the averaged q is used for
+prediction only and training continues from the SVI iterate.
+
+Prediction writes each sample into mu and runs the layers in mean mode, then refreshes BatchNorm
+statistics (``bn_refresh``; skipped for BN-free nets). Before the first average it predicts from the
+SVI q.
 """
 
 from __future__ import annotations
@@ -34,12 +50,20 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from flatbnn.methods.batchnorm import refresh_batchnorm
 from flatbnn.methods.sgvb import SGVB
 
 VARIANCES = ("mixture", "eq4", "svi")
 COVARIANCES = ("diag", "lowrank")
+TRAIN_FROM = ("average", "svi")
+SIGMA_FLOOR = 1e-8  # restarting sigma at 0 (Eq. 4 with one snapshot) would make rho = -inf
+
+
+def softplus_inverse(sigma: torch.Tensor) -> torch.Tensor:
+    """rho with softplus(rho) = sigma, stable for small and large sigma."""
+    return sigma + torch.log(-torch.expm1(-sigma))
 
 
 class HWA(SGVB):
@@ -47,11 +71,13 @@ class HWA(SGVB):
 
     def __init__(self, cycle_length: int | None = None, start: float = 0.5, variance: str = "mixture",
                  covariance: str = "diag", max_rank: int = 20, bn_refresh: bool = True,
-                 lr_cycles: int | None = 4, **sgvb_kw):
+                 lr_cycles: int | None = 4, train_from: str = "average", **sgvb_kw):
         if variance not in VARIANCES:
             raise ValueError(f"method.variance must be one of {VARIANCES}, got {variance!r}")
         if covariance not in COVARIANCES:
             raise ValueError(f"method.covariance must be one of {COVARIANCES}, got {covariance!r}")
+        if train_from not in TRAIN_FROM:
+            raise ValueError(f"method.train_from must be one of {TRAIN_FROM}, got {train_from!r}")
         sgvb_kw.setdefault("name", "hwa")
         super().__init__(**sgvb_kw)
         self.cycle_length_cfg = cycle_length
@@ -61,6 +87,8 @@ class HWA(SGVB):
         self.max_rank = int(max_rank)
         self.bn_refresh = bn_refresh
         self.lr_cycles = lr_cycles
+        self.train_from = train_from
+        self._lowrank_U = None  # this step's low-rank factor (train_from=average, lowrank)
         self.n_models = 0
         self._steps = 0
 
@@ -82,6 +110,9 @@ class HWA(SGVB):
         # the averaged quantities: every non-rho trained parameter (Bayesian means and deterministic ones)
         self.mean_params = [p for _, p in self.named_parameters() if id(p) not in self._rho_ids]
         numel = sum(p.numel() for p in self.mean_params)
+        # coordinates of the flat mean vector that carry a learned sigma (Bayesian weights)
+        self._bayes_mask = torch.cat([torch.full((p.numel(),), id(p) in self._sigma_of, dtype=torch.bool)
+                                      for p in self.mean_params]).to(self.mean_params[0].device)
         ref = self.mean_params[0]
         self.mu_avg = torch.zeros(numel, dtype=ref.dtype, device=ref.device)
         self.sq_avg = torch.zeros_like(self.mu_avg)
@@ -125,11 +156,63 @@ class HWA(SGVB):
             self._dev_count += 1
         self.n_models += 1
 
+    @torch.no_grad()
+    def restart_from_average(self) -> None:
+        """Alg. 2: the SVI iterate becomes the averaged q (its mean and diagonal part)."""
+        self.write_mean_vector(self.mu_avg)
+        var = self.diag_variance * (0.5 if self.covariance == "lowrank" else 1.0)
+        sigma = var.clamp_min(SIGMA_FLOOR ** 2).sqrt()
+        i = 0
+        for p in self.mean_params:
+            n = p.numel()
+            rho = self._sigma_of.get(id(p))
+            if rho is not None:
+                rho.copy_(softplus_inverse(sigma[i:i + n]).view_as(rho))
+            i += n
+
+    def lowrank_factor(self) -> torch.Tensor | None:
+        """U = D^T / sqrt(2 (k - 1)) (numel x k) of Eq. (5), None with fewer than two deviations."""
+        k = min(self._dev_count, self._dev.shape[0])
+        return self._dev[:k].T / math.sqrt(2 * (k - 1)) if k > 1 else None
+
+    def data_gradient(self, batch, flatness, backprop) -> float:
+        U = self.lowrank_factor() if (self.train_from == "average" and self.covariance == "lowrank"
+                                      and self.n_models > 0) else None
+        if U is None:
+            return super().data_gradient(batch, flatness, backprop)
+        g = self.ctx.generator
+        z = torch.randn(U.shape[1], generator=g, device=g.device, dtype=U.dtype).to(U.device)
+        mu = self.mean_vector().clone()
+        self.write_mean_vector(mu + U @ z)  # the sample's low-rank part, fixed for every pass of the step
+        self._lowrank_U = U
+        try:
+            return super().data_gradient(batch, flatness, backprop)
+        finally:
+            self.write_mean_vector(mu)  # exact: the update applies to mu itself
+
+    def kl(self) -> torch.Tensor:
+        kl = super().kl()
+        U = self._lowrank_U
+        if U is None:
+            return kl
+        # KL(N(mu, diag(sigma^2) + U U^T) || N(0, s^2 I)) - KL_mf = ||U||^2 / (2 s^2) - 1/2 log det(I + U^T A^-1 U)
+        Ub = U[self._bayes_mask]
+        sigma = torch.cat([F.softplus(self._sigma_of[id(p)]).reshape(-1) for p in self.mean_params
+                           if id(p) in self._sigma_of])
+        W = Ub / sigma.unsqueeze(1)
+        inner = torch.eye(Ub.shape[1], dtype=Ub.dtype, device=Ub.device) + W.T @ W
+        return kl + Ub.pow(2).sum() / (2 * self.prior_variance) - 0.5 * torch.logdet(inner)
+
     def train_step(self, batch, flatness, backprop) -> dict:
-        out = super().train_step(batch, flatness, backprop)
+        try:
+            out = super().train_step(batch, flatness, backprop)
+        finally:
+            self._lowrank_U = None
         self._steps += 1
         if self._steps >= self.start_step and (self._steps - self.start_step) % self.cycle_length == 0:
             self.average()
+            if self.train_from == "average":
+                self.restart_from_average()
         return out
 
     @property
@@ -138,11 +221,13 @@ class HWA(SGVB):
 
     @property
     def diag_variance(self) -> torch.Tensor:
+        """Sigma_diag: the diagonal of the averaged q (for ``lowrank``, the one Eq. (5) halves)."""
         if self.variance_mode == "eq4":
             return self.trajectory_variance
+        svi = self.var_avg * (2.0 if self.covariance == "lowrank" else 1.0)
         if self.variance_mode == "svi":
-            return self.var_avg.clone()
-        return self.var_avg + self.trajectory_variance
+            return svi
+        return svi + self.trajectory_variance
 
     @torch.no_grad()
     def sample_vector(self, generator: torch.Generator) -> torch.Tensor:
@@ -201,4 +286,5 @@ class HWA(SGVB):
              "max_rank": self.max_rank, "n_models": self.n_models, "lr_cycles": self.lr_cycles}
         if self.ctx is not None:
             d.update({"cycle_length": self.cycle_length, "start_step": self.start_step})
+        d["train_from"] = self.train_from
         return d

@@ -158,13 +158,17 @@ class SGVB(Method):
                     p.grad.add_(g)
         return float(term.detach())
 
+    def data_gradient(self, batch, flatness, backprop) -> float:
+        """p.grad = gradient of the data term (through the flatness variant); returns the mean NLL."""
+        scaling = self.flatness_scaling() if getattr(flatness, "needs_scaling", False) else None
+        return flatness.gradient(self.named_parameters(), self.loss_fn, batch, backprop,
+                                 scaling=scaling, perturb=self._perturb)
+
     def train_step(self, batch, flatness, backprop) -> dict:
         self.optimizer.zero_grad(set_to_none=True)
         self.bank.clear()
         self._record = True
-        scaling = self.flatness_scaling() if getattr(flatness, "needs_scaling", False) else None
-        nll = flatness.gradient(self.named_parameters(), self.loss_fn, batch, backprop,
-                                scaling=scaling, perturb=self._perturb)
+        nll = self.data_gradient(batch, flatness, backprop)
         kl = self.add_kl_gradient(backprop)
         backprop.step(self.optimizer)
         self.bank.clear()

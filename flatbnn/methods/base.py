@@ -45,6 +45,9 @@ class Method:
     name = "base"
     #: the engine runs ``trainer.epochs * epoch_multiplier`` epochs (deep ensembles: one schedule per member)
     epoch_multiplier = 1
+    #: True for methods that perturb the weights themselves (bSAM, VOGN, VSAM, RandomSAM): composing them
+    #: with a flatness variant would either ignore it or perturb twice, so any flatness but ``none`` is refused
+    own_perturbation = False
 
     def __init__(self, num_samples: int = 1):
         self.num_samples = int(num_samples)
@@ -69,6 +72,13 @@ class Method:
         self.module = ctx.module
         self.optimizer = ctx.optimizer_factory(self.parameters())
         self.attach_scheduler()
+
+    def check_flatness(self, flatness) -> None:
+        """Called by ``Flatness.setup`` (and by the own-perturbation methods' ``train_step``, for direct API use)."""
+        name = getattr(flatness, "name", "none")
+        if self.own_perturbation and name != "none":
+            raise ValueError(f"method={self.name} perturbs the weights itself (its own noise/ascent); "
+                             f"it cannot be composed with flatness={name}: use flatness=none")
 
     def attach_scheduler(self) -> None:
         """The run's lr schedule over ``self.optimizer`` (every method's optimiser gets the same one)."""

@@ -53,14 +53,12 @@ class BSAM(DiagonalGaussianMethod):
 
     def __init__(self, lr: float = 0.5, beta1: float = 0.9, beta2: float = 0.999, rho: float = 0.01,
                  m: int = 8, prior_precision: float = 40.0, n_data_factor: float = 1.0, damping: float = 0.1,
-                 s_init: float = 1.0, num_samples: int = 32, bn_stats: str = "both", eval_seed: int = 1,
-                 flatness: str | None = None):
+                 s_init: float = 1.0, num_samples: int = 32, bn_stats: str = "both", eval_seed: int = 1):
         if int(m) < 1:
             raise ValueError(f"method.m must be >= 1, got {m}")
         if bn_stats not in BN_POLICIES:
             raise ValueError(f"method.bn_stats must be one of {BN_POLICIES}, got {bn_stats!r}")
-        super().__init__(num_samples=num_samples, n_data_factor=n_data_factor, eval_seed=eval_seed,
-                         flatness=flatness)
+        super().__init__(num_samples=num_samples, n_data_factor=n_data_factor, eval_seed=eval_seed)
         self.lr_init, self.betas, self.rho, self.m = float(lr), (float(beta1), float(beta2)), float(rho), int(m)
         self.prior_precision, self.damping, self.s_init = float(prior_precision), float(damping), float(s_init)
         self.bn_stats = bn_stats
@@ -84,7 +82,7 @@ class BSAM(DiagonalGaussianMethod):
         return loss.detach(), grads
 
     def train_step(self, batch, flatness, backprop) -> dict:
-        self._check_flatness_once(flatness)
+        self.check_flatness(flatness)
         opt = self.optimizer
         params = opt.params()
         # a short last batch (drop_last=False) gets as many parts as it has examples

@@ -5,9 +5,9 @@ What the base does:
 
 * builds the method's own optimiser (``build_optimizer``) instead of the ``optimizer`` group
   (which such a run ignores); the ``scheduler`` group still multiplies its lr (``lr_factor``);
-* refuses any ``flatness`` other than ``none`` -- the method perturbs the weights itself -- with a
-  one-line ValueError at ``setup`` (the method config passes ``flatness: ${flatness._target_}``)
-  and again, for direct API use, on the first ``train_step``;
+* refuses any ``flatness`` other than ``none`` -- the method perturbs the weights itself
+  (``own_perturbation``; one-line ValueError from ``Flatness.setup``, and from ``train_step`` for
+  direct API use);
 * training noise comes from the engine's per-rank generator (``ctx.generator``, checkpointed per
   rank by the engine), or an own generator when none is given; its state is also kept in
   ``state_dict`` so a state round trip alone resumes exactly;
@@ -29,21 +29,11 @@ def batch_size(batch) -> int:
     return int(first.shape[0])
 
 
-def flatness_name(flatness) -> str | None:
-    """'none', 'sam', ... from a flatness object or its ``_target_`` string (None: unknown)."""
-    if flatness is None:
-        return None
-    if isinstance(flatness, str):
-        leaf = flatness.rsplit(".", 1)[-1]
-        return "none" if leaf in ("NoFlatness", "none") else leaf.lower()
-    return getattr(flatness, "name", type(flatness).__name__)
-
-
 class DiagonalGaussianMethod(Method):
     name = "diag_gaussian"
+    own_perturbation = True
 
-    def __init__(self, num_samples: int = 32, n_data_factor: float = 1.0, eval_seed: int = 1,
-                 flatness: str | None = None):
+    def __init__(self, num_samples: int = 32, n_data_factor: float = 1.0, eval_seed: int = 1):
         if int(num_samples) < 0:
             raise ValueError(f"method.num_samples must be >= 0 (0 = predict with the mean), got {num_samples}")
         if n_data_factor <= 0:
@@ -51,17 +41,9 @@ class DiagonalGaussianMethod(Method):
         super().__init__(num_samples=int(num_samples))
         self.n_data_factor = float(n_data_factor)
         self.eval_seed = int(eval_seed)
-        self.composed_flatness = flatness
         self.generator: torch.Generator | None = None
-        self._flatness_checked = False
 
-    # ---------------------------------------------------------------- composition
-    def check_flatness(self, flatness) -> None:
-        name = flatness_name(flatness)
-        if name is not None and name != "none":
-            raise ValueError(f"method={self.name} perturbs the weights itself (its own noise/ascent); "
-                             f"it cannot be composed with flatness={name}: use flatness=none")
-
+    # ---------------------------------------------------------------- update
     def apply_update(self, params, grads, curvature, backprop) -> None:
         """Hand the (all-reduced) gradient and curvature to the optimiser; clipping as the engine does."""
         for p, g in zip(params, grads):
@@ -77,7 +59,6 @@ class DiagonalGaussianMethod(Method):
         raise NotImplementedError
 
     def setup(self, ctx) -> None:
-        self.check_flatness(self.composed_flatness)
         self.ctx = ctx
         self.model = ctx.model
         self.module = ctx.module
@@ -88,11 +69,6 @@ class DiagonalGaussianMethod(Method):
         if self.generator is None:
             self.generator = torch.Generator(device=ctx.device).manual_seed(
                 ctx.seed * 1_000_003 + 4_242 + 7_919 * ctx.rank)
-
-    def _check_flatness_once(self, flatness) -> None:
-        if not self._flatness_checked:
-            self.check_flatness(flatness)
-            self._flatness_checked = True
 
     @torch.no_grad()
     def _assign(self, params, values) -> None:

@@ -25,14 +25,9 @@ from flatbnn.flatness.random import RandomSAM as RandomPerturbation
 from flatbnn.methods.base import Method
 
 
-def refuse_flatness(method_name: str, flatness) -> None:
-    if getattr(flatness, "name", "none") != "none":
-        raise ValueError(f"method={method_name} has its own perturbation: use flatness=none "
-                         f"(got flatness={flatness.name})")
-
-
 class RandomSAMMethod(Method):
     name = "rsam"
+    own_perturbation = True
 
     def __init__(self, rho: float = 0.05, sigma: float | None = None, prior_coef: float = 0.02,
                  num_samples: int = 1, eval_seed: int = 1):
@@ -45,11 +40,8 @@ class RandomSAMMethod(Method):
         super().setup(ctx)
         self.perturbation.generator = ctx.generator
 
-    def check_flatness(self, flatness) -> None:
-        refuse_flatness(self.name, flatness)
-
     def train_step(self, batch, flatness, backprop) -> dict:
-        refuse_flatness(self.name, flatness)
+        self.check_flatness(flatness)
         self.optimizer.zero_grad(set_to_none=True)
         self._record = True
         loss = self.perturbation.gradient(self.named_parameters(), self.loss_fn, batch, backprop)

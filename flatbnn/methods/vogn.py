@@ -51,11 +51,10 @@ class VOGN(DiagonalGaussianMethod):
     def __init__(self, lr: float = 1e-2, beta1: float = 0.9, beta2: float = 0.999, m: int = 1,
                  prior_precision: float = 1.0, n_data_factor: float = 1.0, damping: float = 1e-3,
                  s_init: float = 0.01, num_samples: int = 32, per_example_chunk: int | None = None,
-                 eval_seed: int = 1, flatness: str | None = None):
+                 eval_seed: int = 1):
         if int(m) < 1:
             raise ValueError(f"method.m must be >= 1, got {m}")
-        super().__init__(num_samples=num_samples, n_data_factor=n_data_factor, eval_seed=eval_seed,
-                         flatness=flatness)
+        super().__init__(num_samples=num_samples, n_data_factor=n_data_factor, eval_seed=eval_seed)
         self.lr_init, self.betas, self.m = float(lr), (float(beta1), float(beta2)), int(m)
         self.prior_precision, self.damping, self.s_init = float(prior_precision), float(damping), float(s_init)
         self.per_example_chunk = per_example_chunk
@@ -93,7 +92,7 @@ class VOGN(DiagonalGaussianMethod):
         return losses, logits, grads
 
     def train_step(self, batch, flatness, backprop) -> dict:
-        self._check_flatness_once(flatness)
+        self.check_flatness(flatness)
         if backprop.scaler is not None:
             raise ValueError("method=vogn does not support trainer.precision=fp16 (squared per-example "
                              "gradients underflow); use fp32 or bf16")

@@ -35,11 +35,11 @@ import math
 import torch
 
 from flatbnn.methods.base import Method
-from flatbnn.methods.rsam import refuse_flatness
 
 
 class VariationalSAM(Method):
     name = "vsam"
+    own_perturbation = True
 
     def __init__(self, rho: float = 1000.0, init_radius: float = 0.05, init_count: float = 1e6,
                  m_lr: float = 0.01, m_weight_decay: float | None = None, prior_std: float = math.sqrt(2) / 5,
@@ -94,11 +94,8 @@ class VariationalSAM(Method):
         penalty = sum(((1.0 / (m * m)) / self.prior_std + torch.log(m * m)).sum() for m in self.M)
         return self.rho * torch.sqrt(quad + self.eps) + penalty / (2.0 * self.n_data)
 
-    def check_flatness(self, flatness) -> None:
-        refuse_flatness(self.name, flatness)
-
     def train_step(self, batch, flatness, backprop) -> dict:
-        refuse_flatness(self.name, flatness)
+        self.check_flatness(flatness)
         params = self.parameters()
         self.optimizer.zero_grad(set_to_none=True)
         self._record = True

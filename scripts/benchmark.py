@@ -54,6 +54,8 @@ METHODS = {
     "sgvb": lambda: SGVB(),
     "sgvb_lrt": lambda: SGVB(estimator="lrt"),
     "hwa": lambda: HWA(),
+    # worst case of Alg. 2 with Eq. 5: an average + restart every step, low-rank part in every training sample
+    "hwa_lowrank": lambda: HWA(covariance="lowrank", start=0.0, cycle_length=1),
     "rsam": lambda: RandomSAMMethod(),
     "vsam": lambda: VariationalSAM(),
     "bsam": lambda: BSAM(),
@@ -61,7 +63,7 @@ METHODS = {
 }
 DEFAULT = ("map+none,map+sam,map+asam,map+fsam,map+random,map+sam_m8,swag+none,swag+sam,swag+fsam,"
            "swag_diag+none,sgld+none,sgld+sam,mc_dropout+none,sgvb+none,sgvb_lrt+none,sgvb+sam,sgvb+geometry,"
-           "hwa+none,rsam+none,vsam+none,bsam+none,vogn+none,map_adam+none,map_adam+sam_m8")
+           "hwa+none,hwa_lowrank+none,rsam+none,vsam+none,bsam+none,vogn+none,map_adam+none,map_adam+sam_m8")
 
 
 def _sync(device):

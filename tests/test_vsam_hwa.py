@@ -265,9 +265,9 @@ def test_hwa_alg2_lowrank_training_sample_and_its_exact_kl():
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
     m.bank.clear()
     # KL of N(mu_b, diag(sigma^2) + U_b U_b^T) to N(0, s^2 I) over the Bayesian coordinates
-    m._lowrank_U = U
+    m._lowrank_step = m._lowrank_rows()
     kl = m.kl()
-    m._lowrank_U = None
+    m._lowrank_step = None
     mask = m._bayes_mask
     sigma = torch.cat([F.softplus(m._sigma_of[id(p)]).reshape(-1) for p in m.mean_params if id(p) in m._sigma_of])
     cov = torch.diag(sigma.detach() ** 2) + U[mask] @ U[mask].T

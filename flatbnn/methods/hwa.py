@@ -88,7 +88,7 @@ class HWA(SGVB):
         self.bn_refresh = bn_refresh
         self.lr_cycles = lr_cycles
         self.train_from = train_from
-        self._lowrank_U = None  # this step's low-rank factor (train_from=average, lowrank)
+        self._lowrank_step = None  # this step's (D_k, c) while its sample carries the low-rank part
         self.n_models = 0
         self._steps = 0
 
@@ -170,21 +170,27 @@ class HWA(SGVB):
                 rho.copy_(softplus_inverse(sigma[i:i + n]).view_as(rho))
             i += n
 
-    def lowrank_factor(self) -> torch.Tensor | None:
-        """U = D^T / sqrt(2 (k - 1)) (numel x k) of Eq. (5), None with fewer than two deviations."""
+    def _lowrank_rows(self) -> tuple[torch.Tensor, float] | None:
+        """(D_k, c) with U = c D_k^T the low-rank factor of Eq. (5); None with fewer than two deviations."""
         k = min(self._dev_count, self._dev.shape[0])
-        return self._dev[:k].T / math.sqrt(2 * (k - 1)) if k > 1 else None
+        return (self._dev[:k], 1.0 / math.sqrt(2 * (k - 1))) if k > 1 else None
+
+    def lowrank_factor(self) -> torch.Tensor | None:
+        """U = D^T / sqrt(2 (k - 1)) (numel x k), materialised (the training path works on D's rows)."""
+        rows = self._lowrank_rows()
+        return None if rows is None else rows[0].T * rows[1]
 
     def data_gradient(self, batch, flatness, backprop) -> float:
-        U = self.lowrank_factor() if (self.train_from == "average" and self.covariance == "lowrank"
-                                      and self.n_models > 0) else None
-        if U is None:
+        rows = self._lowrank_rows() if (self.train_from == "average" and self.covariance == "lowrank"
+                                        and self.n_models > 0) else None
+        if rows is None:
             return super().data_gradient(batch, flatness, backprop)
+        D, c = rows
         g = self.ctx.generator
-        z = torch.randn(U.shape[1], generator=g, device=g.device, dtype=U.dtype).to(U.device)
+        z = torch.randn(D.shape[0], generator=g, device=g.device, dtype=D.dtype).to(D.device)
         mu = self.mean_vector().clone()
-        self.write_mean_vector(mu + U @ z)  # the sample's low-rank part, fixed for every pass of the step
-        self._lowrank_U = U
+        self.write_mean_vector(torch.addmv(mu, D.T, z, alpha=c))  # mu + U z: the sample's low-rank part,
+        self._lowrank_step = rows                                # fixed for every pass of the step
         try:
             return super().data_gradient(batch, flatness, backprop)
         finally:
@@ -192,22 +198,23 @@ class HWA(SGVB):
 
     def kl(self) -> torch.Tensor:
         kl = super().kl()
-        U = self._lowrank_U
-        if U is None:
+        if self._lowrank_step is None:
             return kl
-        # KL(N(mu, diag(sigma^2) + U U^T) || N(0, s^2 I)) - KL_mf = ||U||^2 / (2 s^2) - 1/2 log det(I + U^T A^-1 U)
-        Ub = U[self._bayes_mask]
+        # KL(N(mu, A + U U^T) || N(0, s^2 I)) - KL_mf(mu, A) = ||U||^2 / (2 s^2) - 1/2 log det(I + U^T A^-1 U),
+        # A = diag(sigma^2), over the Bayesian coordinates (matrix determinant lemma: k x k, not P x P)
+        D, c = self._lowrank_step
+        Db = D[:, self._bayes_mask]
         sigma = torch.cat([F.softplus(self._sigma_of[id(p)]).reshape(-1) for p in self.mean_params
                            if id(p) in self._sigma_of])
-        W = Ub / sigma.unsqueeze(1)
-        inner = torch.eye(Ub.shape[1], dtype=Ub.dtype, device=Ub.device) + W.T @ W
-        return kl + Ub.pow(2).sum() / (2 * self.prior_variance) - 0.5 * torch.logdet(inner)
+        W = Db * (c / sigma)
+        inner = torch.eye(Db.shape[0], dtype=Db.dtype, device=Db.device) + W @ W.T
+        return kl + (c * c) * Db.pow(2).sum() / (2 * self.prior_variance) - 0.5 * torch.logdet(inner)
 
     def train_step(self, batch, flatness, backprop) -> dict:
         try:
             out = super().train_step(batch, flatness, backprop)
         finally:
-            self._lowrank_U = None
+            self._lowrank_step = None
         self._steps += 1
         if self._steps >= self.start_step and (self._steps - self.start_step) % self.cycle_length == 0:
             self.average()

@@ -1,6 +1,9 @@
-"""Label noise, the autoaugment_cutout preset and the GPU-resident DeviceLoader (checked on CPU tensors)."""
+"""Label noise, the autoaugment_cutout preset, the GPU-resident DeviceLoader (checked on CPU tensors) and the
+common data set keys (DataOptions, parsed once by build_dataset)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -199,3 +202,81 @@ def test_loader_key_validated_by_builders(tmp_path):
     with pytest.raises(ValueError, match="loader=device"):
         build_dataset("cifar10", root=str(root), loader="device", augment="autoaugment_cutout")
     assert aug_seed(1, 2, (1 << 64) - 1) != aug_seed(1, 2, 0)
+
+
+# --------------------------------------------------------------------------- common keys (DataOptions)
+
+@pytest.fixture
+def registry(monkeypatch):
+    """A throw-away copy of the data set registry (test data sets do not leak into other tests)."""
+    import flatbnn.data as data
+
+    monkeypatch.setattr(data, "_REGISTRY", dict(data._REGISTRY))
+    return data
+
+
+def _tiny_bundle(opts, num_classes=4):
+    from flatbnn.data import make_bundle
+
+    x = np.arange(40 * 4 * 4, dtype=np.uint8).reshape(40, 4, 4, 1)
+    y = np.arange(40) % num_classes
+    return make_bundle(opts, (x, y), (x[:8], y[:8]), num_classes=num_classes, mean=[0.5], std=[0.25], scale=255.0)
+
+
+def test_common_keys_parsed_once_and_own_keys_passed(registry):
+    from flatbnn.data import DataOptions
+
+    seen = {}
+
+    @registry.register_dataset("tiny_opts", augment="crop_flip", loaders=("cpu",), num_classes=4,
+                               input_shape=(1, 4, 4))
+    def build_tiny(opts: DataOptions, extra: int = 3):
+        seen.update(opts=opts, extra=extra)
+        return _tiny_bundle(opts)
+
+    with pytest.warns(UserWarning, match=r"tiny_opts: ignoring unknown dataset arguments \['zzz'\]"):
+        b = registry.build_dataset("tiny_opts", seed="5", val_split=None, label_noise=None, download=1, zzz=1,
+                                   num_classes=4, input_shape=[1, 4, 4])
+    opts = seen["opts"]
+    assert isinstance(opts, DataOptions) and seen["extra"] == 3  # own key: its default
+    assert (opts.name, opts.root, opts.augment, opts.loader) == ("tiny_opts", "data", "crop_flip", "cpu")
+    assert (opts.seed, opts.val_split, opts.label_noise, opts.label_noise_seed, opts.download) == (5, 0, 0.0, 0, True)
+    assert b.name == "tiny_opts" and b.meta["augment"] == "crop_flip" and isinstance(b.train, AugmentedDataset)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.seed = 1
+    registry.build_dataset("tiny_opts", extra=7, augment=None)
+    assert seen["extra"] == 7 and seen["opts"].augment == "none"
+
+    seen.clear()
+    with pytest.raises(ValueError, match=r"loader must be one of \['cpu'\]"):
+        registry.build_dataset("tiny_opts", loader="device")
+    with pytest.raises(ValueError, match="tiny_opts: config says num_classes=5 but the data has 4"):
+        registry.build_dataset("tiny_opts", num_classes=5)
+    with pytest.raises(ValueError, match=r"config says input_shape=\[3, 4, 4\]"):
+        registry.build_dataset("tiny_opts", input_shape=[3, 4, 4])
+    assert not seen  # declared shapes: checked before the builder reads any data
+
+
+def test_undeclared_shapes_are_checked_on_the_bundle(registry):
+    calls = []
+
+    @registry.register_dataset("tiny_data_classes")
+    def build_tiny(opts):
+        calls.append(opts)
+        return _tiny_bundle(opts, num_classes=2)
+
+    assert registry.build_dataset("tiny_data_classes", num_classes=2, input_shape=[1, 4, 4]).num_classes == 2
+    with pytest.raises(ValueError, match="config says num_classes=3 but the data has 2"):
+        registry.build_dataset("tiny_data_classes", num_classes=3)
+    with pytest.raises(ValueError, match="augment must be one of"):
+        registry.build_dataset("tiny_data_classes", augment="imagenet")
+    assert len(calls) == 2
+
+
+def test_register_dataset_refuses_bad_declarations(registry):
+    with pytest.raises(ValueError, match="common keys"):
+        registry.register_dataset("tiny_bad")(lambda opts, root=None: None)
+    with pytest.raises(ValueError, match="both num_classes and input_shape"):
+        registry.register_dataset("tiny_bad", num_classes=3)(lambda opts: None)
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register_dataset("digits")(lambda opts: None)

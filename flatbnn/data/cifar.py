@@ -40,10 +40,9 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from flatbnn.data import (DataBundle, check_expected, check_loader, make_bundle, register_dataset,
-                          warn_unused)
+from flatbnn.data import DataBundle, DataOptions, make_bundle, register_dataset
 from flatbnn.data.ood import register_test_loader
-from flatbnn.data.transforms import balanced_subset, check_augment
+from flatbnn.data.transforms import balanced_subset
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 NUM_CLASSES = 10
@@ -525,22 +524,6 @@ def check_arrays(dataset: str, data: dict[str, Arrays], shape: tuple[int, ...], 
             raise ValueError(f"{dataset} {split}: labels outside [0, {num_classes})")
 
 
-def common_options(dataset: str, augment: Any, loader: Any, label_noise: Any, label_noise_seed: Any,
-                   ood: Any, ood_roots: Any, ood_subset: Any, root: Any, download: Any, cache_dir: Any,
-                   val_split: Any, seed: Any, allowed_augment: Iterable[str] | None = None,
-                   allowed_loader: Iterable[str] = ("cpu", "device")) -> dict[str, Any]:
-    """Validated keyword arguments for :func:`flatbnn.data.finish_bundle` shared by the builders."""
-    augment = check_augment(dataset, augment) if allowed_augment is None else check_augment(dataset, augment, tuple(allowed_augment))
-    return dict(
-        augment=augment,
-        loader=check_loader(dataset, loader, augment, allowed_loader),
-        label_noise=float(label_noise or 0.0),
-        label_noise_seed=int(label_noise_seed or 0),
-        ood=ood, ood_roots=ood_roots, ood_subset=ood_subset, root=root, download=bool(download),
-        cache_dir=cache_dir, val_split=int(val_split or 0), seed=int(seed),
-    )
-
-
 @register_test_loader("cifar10")
 def cifar10_test_arrays(root: Any, *, subset: int | None = None, download: bool = False, cache_dir: Any = None,
                         key: str = "dataset.root") -> Arrays:
@@ -548,49 +531,27 @@ def cifar10_test_arrays(root: Any, *, subset: int | None = None, download: bool 
     return data["test"]
 
 
-@register_dataset("cifar10")
+@register_dataset("cifar10", augment="crop_flip", num_classes=NUM_CLASSES, input_shape=INPUT_SHAPE)
 def build_cifar10(
-    root: Any = "data",
-    train_subset: int | None = None,
-    test_subset: int | None = None,
-    val_split: int = 0,
-    augment: str = "crop_flip",
-    seed: int = 0,
-    download: bool = False,
-    cache_dir: Any = None,
-    num_classes: int | None = None,
-    input_shape: Any = None,
-    label_noise: float = 0.0,
-    label_noise_seed: int = 0,
-    ood: Any = None,
-    ood_roots: Any = None,
-    ood_subset: int | None = None,
-    loader: str = "cpu",
+    opts: DataOptions,
     shift_root: Any = None,
     shift_corruptions: Any = "all",
     shift_severities: Any = (1, 2, 3, 4, 5),
-    **unused: Any,
 ) -> DataBundle:
     """CIFAR-10; with ``shift_root`` also ``bundle.shift`` = CIFAR-10-C (``"<corruption>/<severity>"``)."""
-    unused.pop("name", None)
-    warn_unused("cifar10", unused)
-    opts = common_options("cifar10", augment, loader, label_noise, label_noise_seed, ood, ood_roots,
-                          ood_subset, root, download, cache_dir, val_split, seed)
-    check_expected("cifar10", NUM_CLASSES, INPUT_SHAPE, num_classes, input_shape)
-    data, classes, layout = load_cifar10_arrays(root, train_subset, test_subset, download, cache_dir)
+    data, classes, layout = load_cifar10_arrays(opts.root, opts.train_subset, opts.test_subset, opts.download,
+                                                opts.cache_dir)
     check_arrays("cifar10", data, (32, 32, 3), NUM_CLASSES)
-    meta = {"classes": tuple(classes), "layout": layout, "root": str(root)}
+    meta = {"classes": tuple(classes), "layout": layout, "root": str(opts.root)}
     shift = {}
     if shift_root not in (None, ""):
         from flatbnn.data.cifar10_c import load_shift_sets
 
-        shift, shift_meta = load_shift_sets(shift_root, shift_corruptions, shift_severities, test_subset,
+        shift, shift_meta = load_shift_sets(shift_root, shift_corruptions, shift_severities, opts.test_subset,
                                             key="dataset.shift_root")
         meta.update(shift_meta)
-    return make_bundle(
-        "cifar10", data["train"], data["test"], num_classes=NUM_CLASSES, mean=MEAN, std=STD, scale=255.0,
-        meta=meta, shift=shift, **opts,
-    )
+    return make_bundle(opts, data["train"], data["test"], num_classes=NUM_CLASSES, mean=MEAN, std=STD,
+                       scale=255.0, meta=meta, shift=shift)
 
 
 # --------------------------------------------------------------------------- CIFAR-100
@@ -653,35 +614,11 @@ def cifar100_test_arrays(root: Any, *, subset: int | None = None, download: bool
     return load_cifar100_arrays(root, None, subset, download, key=key, splits=("test",))[0]["test"]
 
 
-@register_dataset("cifar100")
-def build_cifar100(
-    root: Any = "data",
-    train_subset: int | None = None,
-    test_subset: int | None = None,
-    val_split: int = 0,
-    augment: str = "crop_flip",
-    seed: int = 0,
-    download: bool = False,
-    num_classes: int | None = None,
-    input_shape: Any = None,
-    label_noise: float = 0.0,
-    label_noise_seed: int = 0,
-    ood: Any = None,
-    ood_roots: Any = None,
-    ood_subset: int | None = None,
-    loader: str = "cpu",
-    cache_dir: Any = None,
-    **unused: Any,
-) -> DataBundle:
+@register_dataset("cifar100", augment="crop_flip", num_classes=C100_NUM_CLASSES, input_shape=INPUT_SHAPE)
+def build_cifar100(opts: DataOptions) -> DataBundle:
     """CIFAR-100 (fine labels); ``cache_dir`` is only used by OOD sets that need it (CIFAR-10 archives)."""
-    unused.pop("name", None)
-    warn_unused("cifar100", unused)
-    opts = common_options("cifar100", augment, loader, label_noise, label_noise_seed, ood, ood_roots,
-                          ood_subset, root, download, cache_dir, val_split, seed)
-    check_expected("cifar100", C100_NUM_CLASSES, INPUT_SHAPE, num_classes, input_shape)
-    data, classes = load_cifar100_arrays(root, train_subset, test_subset, download)
+    data, classes = load_cifar100_arrays(opts.root, opts.train_subset, opts.test_subset, opts.download)
     check_arrays("cifar100", data, (32, 32, 3), C100_NUM_CLASSES)
-    return make_bundle(
-        "cifar100", data["train"], data["test"], num_classes=C100_NUM_CLASSES, mean=C100_MEAN, std=C100_STD,
-        scale=255.0, meta={"classes": tuple(classes), "layout": "torchvision", "root": str(root)}, **opts,
-    )
+    return make_bundle(opts, data["train"], data["test"], num_classes=C100_NUM_CLASSES, mean=C100_MEAN,
+                       std=C100_STD, scale=255.0,
+                       meta={"classes": tuple(classes), "layout": "torchvision", "root": str(opts.root)})

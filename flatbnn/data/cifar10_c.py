@@ -26,6 +26,7 @@ Corruption groups follow flat_seeking_bnn Table 5 (:data:`GROUPS`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from bisect import bisect_right
 from pathlib import Path
@@ -35,8 +36,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from flatbnn.data import DataBundle, as_list, check_expected, make_bundle, register_dataset, warn_unused
-from flatbnn.data.cifar import (INPUT_SHAPE, MEAN, NUM_CLASSES, STD, canonical_subset, check_arrays, common_options,
+from flatbnn.data import DataBundle, DataOptions, as_list, make_bundle, register_dataset
+from flatbnn.data.cifar import (INPUT_SHAPE, MEAN, NUM_CLASSES, STD, canonical_subset, check_arrays,
                                 load_cifar10_arrays)
 
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -240,49 +241,31 @@ def load_shift_sets(
     return sets, meta
 
 
-@register_dataset("cifar10_c")
+@register_dataset("cifar10_c", augment="crop_flip", num_classes=NUM_CLASSES, input_shape=INPUT_SHAPE)
 def build_cifar10_c(
-    root: Any = "data",
+    opts: DataOptions,
     clean_root: Any = "data",
     corruptions: Any = "all",
     severities: Any = SEVERITIES,
-    train_subset: int | None = None,
-    test_subset: int | None = None,
-    val_split: int = 0,
-    augment: str = "crop_flip",
-    seed: int = 0,
-    download: bool = False,
-    cache_dir: Any = None,
-    num_classes: int | None = None,
-    input_shape: Any = None,
-    label_noise: float = 0.0,
-    label_noise_seed: int = 0,
-    ood: Any = None,
-    ood_roots: Any = None,
-    ood_subset: int | None = None,
-    loader: str = "cpu",
-    **unused: Any,
 ) -> DataBundle:
-    """Train on clean CIFAR-10 (``clean_root``, any cifar10 layout), test on CIFAR-10-C (``root``).
+    """Train on clean CIFAR-10 (``clean_root``, any cifar10 layout), test on CIFAR-10-C (``opts.root``).
 
     ``download=True`` only fetches the clean CIFAR-10 (CIFAR-10-C is not downloaded: see
     :data:`SOURCE`). ``test`` = all selected corrupted sets concatenated (corruption-major, then
-    severity); ``shift`` = the same sets keyed ``"<corruption>/<severity>"``.
+    severity); ``shift`` = the same sets keyed ``"<corruption>/<severity>"``. OOD sets default to
+    ``clean_root``, not to the CIFAR-10-C folder (which holds no other data set).
     """
-    unused.pop("name", None)
-    warn_unused("cifar10_c", unused)
-    opts = common_options("cifar10_c", augment, loader, label_noise, label_noise_seed, ood, ood_roots,
-                          ood_subset, clean_root, download, cache_dir, val_split, seed)
-    check_expected("cifar10_c", NUM_CLASSES, INPUT_SHAPE, num_classes, input_shape)
-    shift, shift_meta = load_shift_sets(root, corruptions, severities, test_subset, key="dataset.root")
-    data, classes, layout = load_cifar10_arrays(clean_root, train_subset, None, download, cache_dir,
+    root = opts.root
+    shift, shift_meta = load_shift_sets(root, corruptions, severities, opts.test_subset, key="dataset.root")
+    data, classes, layout = load_cifar10_arrays(clean_root, opts.train_subset, None, opts.download, opts.cache_dir,
                                                 key="dataset.clean_root", splits=("train",))
     check_arrays("cifar10_c", data, (32, 32, 3), NUM_CLASSES)
     test = ConcatWithTargets(list(shift.values()))
     bundle = make_bundle(
-        "cifar10_c", data["train"], (np.zeros((0, 32, 32, 3), np.uint8), np.zeros(0, np.int64)),
+        dataclasses.replace(opts, root=clean_root), data["train"],
+        (np.zeros((0, 32, 32, 3), np.uint8), np.zeros(0, np.int64)),
         num_classes=NUM_CLASSES, mean=MEAN, std=STD, scale=255.0, shift=shift,
         meta=dict(shift_meta, classes=tuple(classes), layout=layout, root=str(root), clean_root=str(clean_root),
-                  test_keys=tuple(shift)), **opts)
+                  test_keys=tuple(shift)))
     bundle.test = test
     return bundle

@@ -8,11 +8,10 @@ the run seed. No augmentation (``augment`` must be ``"none"``).
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 
-from flatbnn.data import DataBundle, check_expected, make_bundle, register_dataset, warn_unused
+from flatbnn.data import DataBundle, DataOptions, make_bundle, register_dataset
 from flatbnn.data.transforms import balanced_subset
 
 NUM_CLASSES = 10
@@ -47,36 +46,11 @@ def fixed_split() -> tuple[np.ndarray, np.ndarray]:
     return train_idx, test_idx
 
 
-@register_dataset("digits")
-def build_digits(
-    root: Any = None,
-    train_subset: int | None = None,
-    test_subset: int | None = None,
-    val_split: int = 0,
-    augment: str = "none",
-    seed: int = 0,
-    download: bool = False,
-    num_classes: int | None = None,
-    input_shape: Any = None,
-    label_noise: float = 0.0,
-    label_noise_seed: int = 0,
-    ood: Any = None,
-    ood_roots: Any = None,
-    ood_subset: int | None = None,
-    loader: str = "cpu",
-    cache_dir: Any = None,
-    **unused: Any,
-) -> DataBundle:
+@register_dataset("digits", root=None, augment="none", augments=("none",), num_classes=NUM_CLASSES,
+                  input_shape=INPUT_SHAPE)
+def build_digits(opts: DataOptions) -> DataBundle:
     """``root`` and ``download`` are accepted and ignored (the data ships with scikit-learn);
     ``root`` is the default folder of OOD sets named in ``ood`` (resized to 8x8 grey)."""
-    unused.pop("name", None)
-    warn_unused("digits", unused)
-    from flatbnn.data.cifar import common_options
-
-    opts = common_options("digits", augment, loader, label_noise, label_noise_seed, ood, ood_roots, ood_subset,
-                          root, download, cache_dir, val_split, seed, allowed_augment=("none",))
-    check_expected("digits", NUM_CLASSES, INPUT_SHAPE, num_classes, input_shape)
-
     images, labels = load_digits_arrays()
     train_idx, test_idx = fixed_split()
     train_x, train_y = images[train_idx], labels[train_idx]
@@ -86,13 +60,13 @@ def build_digits(
     pix = train_x.astype(np.float64) / 16.0
     mean, std = float(pix.mean()), float(pix.std())
 
-    sel = balanced_subset(train_y, train_subset, seed=SUBSET_SEED, num_classes=NUM_CLASSES)
+    sel = balanced_subset(train_y, opts.train_subset, seed=SUBSET_SEED, num_classes=NUM_CLASSES)
     train_x, train_y = train_x[sel], train_y[sel]
-    sel = balanced_subset(test_y, test_subset, seed=SUBSET_SEED, num_classes=NUM_CLASSES)
+    sel = balanced_subset(test_y, opts.test_subset, seed=SUBSET_SEED, num_classes=NUM_CLASSES)
     test_x, test_y = test_x[sel], test_y[sel]
 
     return make_bundle(
-        "digits",
+        opts,
         (train_x[..., None], train_y),
         (test_x[..., None], test_y),
         num_classes=NUM_CLASSES,
@@ -100,5 +74,4 @@ def build_digits(
         std=[std],
         scale=16.0,
         meta={"classes": tuple(str(i) for i in range(NUM_CLASSES))},
-        **opts,
     )

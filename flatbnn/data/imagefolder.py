@@ -28,8 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from flatbnn.data import DataBundle, check_expected, finish_bundle, register_dataset, warn_unused
-from flatbnn.data.cifar import common_options
+from flatbnn.data import DataBundle, DataOptions, finish_bundle, register_dataset
 from flatbnn.data.ood import register_test_loader
 from flatbnn.data.transforms import aug_seed, balanced_subset, call_with_torch_seed, sub_seed
 
@@ -294,37 +293,16 @@ def tinyimagenet_test_arrays(root: Any, *, subset: int | None = None, download: 
     return ds.decode_all(), data["test"][1]
 
 
-@register_dataset("tinyimagenet")
-def build_tinyimagenet(
-    root: Any = "data",
-    train_subset: int | None = None,
-    test_subset: int | None = None,
-    val_split: int = 0,
-    augment: str = "crop_flip",
-    seed: int = 0,
-    download: bool = False,
-    num_classes: int | None = None,
-    input_shape: Any = None,
-    label_noise: float = 0.0,
-    label_noise_seed: int = 0,
-    ood: Any = None,
-    ood_roots: Any = None,
-    ood_subset: int | None = None,
-    loader: str = "cpu",
-    cache_dir: Any = None,
-    **unused: Any,
-) -> DataBundle:
+# loader "cpu" only: images are decoded from files, so there is no array for the device loader
+@register_dataset("tinyimagenet", augment="crop_flip", loaders=("cpu",), num_classes=TIN_NUM_CLASSES,
+                  input_shape=TIN_SHAPE)
+def build_tinyimagenet(opts: DataOptions) -> DataBundle:
     """Tiny ImageNet; ``download`` is not offered (see the FileNotFoundError for the source)."""
-    unused.pop("name", None)
-    warn_unused("tinyimagenet", unused)
-    opts = common_options("tinyimagenet", augment, loader, label_noise, label_noise_seed, ood, ood_roots,
-                          ood_subset, root, download, cache_dir, val_split, seed, allowed_loader=("cpu",))
-    check_expected("tinyimagenet", TIN_NUM_CLASSES, TIN_SHAPE, num_classes, input_shape)
-    folder, data, wnids = load_tinyimagenet(root, train_subset, test_subset)
+    folder, data, wnids = load_tinyimagenet(opts.root, opts.train_subset, opts.test_subset)
     mk = lambda split: ImageFileDataset(folder, data[split][0], data[split][1], TIN_MEAN, TIN_STD,  # noqa: E731
                                         size=TIN_SHAPE[1:])
-    return finish_bundle("tinyimagenet", mk("train"), mk("test"), num_classes=TIN_NUM_CLASSES,
-                         meta={"classes": tuple(wnids), "layout": "tiny-imagenet-200", "root": str(root)}, **opts)
+    return finish_bundle(opts, mk("train"), mk("test"), num_classes=TIN_NUM_CLASSES,
+                         meta={"classes": tuple(wnids), "layout": "tiny-imagenet-200", "root": str(opts.root)})
 
 
 # --------------------------------------------------------------------------- ImageNet
@@ -380,36 +358,14 @@ def load_imagenet_listing(root: Any, train_subset: int | None = None, test_subse
     return folder, out, classes
 
 
-@register_dataset("imagenet")
-def build_imagenet(
-    root: Any = "data",
-    train_subset: int | None = None,
-    test_subset: int | None = None,
-    val_split: int = 0,
-    augment: str = "imagenet",
-    seed: int = 0,
-    download: bool = False,
-    num_classes: int | None = None,
-    input_shape: Any = None,
-    label_noise: float = 0.0,
-    label_noise_seed: int = 0,
-    ood: Any = None,
-    ood_roots: Any = None,
-    ood_subset: int | None = None,
-    loader: str = "cpu",
-    cache_dir: Any = None,
-    **unused: Any,
-) -> DataBundle:
+# num_classes/input_shape not declared: the class count is that of the data (build_dataset checks the bundle)
+@register_dataset("imagenet", augment="imagenet", augments=("none", "imagenet"), loaders=("cpu",))
+def build_imagenet(opts: DataOptions) -> DataBundle:
     """ImageNet (ILSVRC-2012) in ImageFolder layout; the number of classes is that of ``train/``
     (1000 for the real data set) and must match ``num_classes`` when the config gives it."""
-    unused.pop("name", None)
-    warn_unused("imagenet", unused)
-    opts = common_options("imagenet", augment, loader, label_noise, label_noise_seed, ood, ood_roots,
-                          ood_subset, root, download, cache_dir, val_split, seed,
-                          allowed_augment=("none", "imagenet"), allowed_loader=("cpu",))
-    folder, data, classes = load_imagenet_listing(root, train_subset, test_subset)
-    check_expected("imagenet", len(classes), IN_SHAPE, num_classes, input_shape)
+    folder, data, classes = load_imagenet_listing(opts.root, opts.train_subset, opts.test_subset)
+    opts.check_expected(len(classes), IN_SHAPE)  # already here: fail before the hold-out and OOD sets
     mk = lambda split: ImageFileDataset(folder, data[split][0], data[split][1], IN_MEAN, IN_STD,  # noqa: E731
                                         resize=256, crop=224)
-    return finish_bundle("imagenet", mk("train"), mk("test"), num_classes=len(classes),
-                         meta={"classes": tuple(classes), "layout": "imagefolder", "root": str(root)}, **opts)
+    return finish_bundle(opts, mk("train"), mk("test"), num_classes=len(classes),
+                         meta={"classes": tuple(classes), "layout": "imagefolder", "root": str(opts.root)})

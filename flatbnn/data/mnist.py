@@ -19,8 +19,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from flatbnn.data import DataBundle, check_expected, make_bundle, register_dataset, warn_unused
-from flatbnn.data.cifar import canonical_subset, check_arrays, common_options
+from flatbnn.data import DataBundle, DataOptions, make_bundle, register_dataset
+from flatbnn.data.cifar import canonical_subset, check_arrays
 from flatbnn.data.ood import register_test_loader
 
 NUM_CLASSES = 10
@@ -108,34 +108,11 @@ def load_arrays(name: str, root: Any, train_subset: int | None = None, test_subs
 def _builder(name: str):
     tv_folder, _, mean, std, classes, _ = SETS[name]
 
-    def build(
-        root: Any = "data",
-        train_subset: int | None = None,
-        test_subset: int | None = None,
-        val_split: int = 0,
-        augment: str = "none",
-        seed: int = 0,
-        download: bool = False,
-        num_classes: int | None = None,
-        input_shape: Any = None,
-        label_noise: float = 0.0,
-        label_noise_seed: int = 0,
-        ood: Any = None,
-        ood_roots: Any = None,
-        ood_subset: int | None = None,
-        loader: str = "cpu",
-        cache_dir: Any = None,
-        **unused: Any,
-    ) -> DataBundle:
-        unused.pop("name", None)
-        warn_unused(name, unused)
-        opts = common_options(name, augment, loader, label_noise, label_noise_seed, ood, ood_roots, ood_subset,
-                              root, download, cache_dir, val_split, seed)
-        check_expected(name, NUM_CLASSES, INPUT_SHAPE, num_classes, input_shape)
-        data = load_arrays(name, root, train_subset, test_subset, download)
+    def build(opts: DataOptions) -> DataBundle:
+        data = load_arrays(name, opts.root, opts.train_subset, opts.test_subset, opts.download)
         check_arrays(name, data, (28, 28, 1), NUM_CLASSES)
-        return make_bundle(name, data["train"], data["test"], num_classes=NUM_CLASSES, mean=mean, std=std,
-                           scale=255.0, meta={"classes": classes, "layout": "idx", "root": str(root)}, **opts)
+        return make_bundle(opts, data["train"], data["test"], num_classes=NUM_CLASSES, mean=mean, std=std,
+                           scale=255.0, meta={"classes": classes, "layout": "idx", "root": str(opts.root)})
 
     def test_arrays(root: Any, *, subset: int | None = None, download: bool = False, cache_dir: Any = None,
                     key: str = "dataset.root") -> tuple[np.ndarray, np.ndarray]:
@@ -143,7 +120,7 @@ def _builder(name: str):
 
     build.__name__ = f"build_{name}"
     build.__doc__ = f"{tv_folder} from the idx files (see module docstring)."
-    register_dataset(name)(build)
+    register_dataset(name, num_classes=NUM_CLASSES, input_shape=INPUT_SHAPE)(build)
     register_test_loader(name)(test_arrays)
     return build
 

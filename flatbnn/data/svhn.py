@@ -15,8 +15,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from flatbnn.data import DataBundle, check_expected, make_bundle, register_dataset, warn_unused
-from flatbnn.data.cifar import canonical_subset, check_arrays, common_options
+from flatbnn.data import DataBundle, DataOptions, make_bundle, register_dataset
+from flatbnn.data.cifar import canonical_subset, check_arrays
 from flatbnn.data.ood import register_test_loader
 
 NUM_CLASSES = 10
@@ -76,32 +76,9 @@ def svhn_test_arrays(root: Any, *, subset: int | None = None, download: bool = F
     return load_arrays(root, None, subset, download, key=key, splits=("test",))["test"]
 
 
-@register_dataset("svhn")
-def build_svhn(
-    root: Any = "data",
-    train_subset: int | None = None,
-    test_subset: int | None = None,
-    val_split: int = 0,
-    augment: str = "none",
-    seed: int = 0,
-    download: bool = False,
-    num_classes: int | None = None,
-    input_shape: Any = None,
-    label_noise: float = 0.0,
-    label_noise_seed: int = 0,
-    ood: Any = None,
-    ood_roots: Any = None,
-    ood_subset: int | None = None,
-    loader: str = "cpu",
-    cache_dir: Any = None,
-    **unused: Any,
-) -> DataBundle:
-    unused.pop("name", None)
-    warn_unused("svhn", unused)
-    opts = common_options("svhn", augment, loader, label_noise, label_noise_seed, ood, ood_roots, ood_subset,
-                          root, download, cache_dir, val_split, seed)
-    check_expected("svhn", NUM_CLASSES, INPUT_SHAPE, num_classes, input_shape)
-    data = load_arrays(root, train_subset, test_subset, download)
+@register_dataset("svhn", num_classes=NUM_CLASSES, input_shape=INPUT_SHAPE)
+def build_svhn(opts: DataOptions) -> DataBundle:
+    data = load_arrays(opts.root, opts.train_subset, opts.test_subset, opts.download)
     check_arrays("svhn", data, (32, 32, 3), NUM_CLASSES)
-    return make_bundle("svhn", data["train"], data["test"], num_classes=NUM_CLASSES, mean=MEAN, std=STD, scale=255.0,
-                       meta={"classes": tuple(str(i) for i in range(10)), "layout": "mat", "root": str(root)}, **opts)
+    return make_bundle(opts, data["train"], data["test"], num_classes=NUM_CLASSES, mean=MEAN, std=STD, scale=255.0,
+                       meta={"classes": tuple(str(i) for i in range(10)), "layout": "mat", "root": str(opts.root)})

@@ -150,6 +150,10 @@ class Method:
             out.append(torch.log_softmax(module(x).float(), dim=1).cpu())
         return torch.cat(out)
 
+    def log_probs_on(self, loaders: dict) -> dict[str, torch.Tensor]:
+        """One prediction of ``self.module`` as it stands: ``{set name: log-probabilities}`` for every loader."""
+        return {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
+
     def predict(self, loaders: dict, num_samples: int | None = None) -> Iterator[dict[str, torch.Tensor]]:
         """Yield, per posterior sample, ``{set name: [N, C] log-probabilities}`` for every loader.
 
@@ -169,7 +173,7 @@ class Method:
             for _ in range(num_samples):
                 for p, w in zip(params, draw(g, mean)):
                     p.copy_(w)
-                yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
+                yield self.log_probs_on(loaders)
         finally:
             for p, w in zip(params, mean):
                 p.copy_(w)
@@ -177,7 +181,7 @@ class Method:
     def monitor(self, loaders: dict) -> Iterator[dict[str, torch.Tensor]]:
         """Cheap per-epoch view for metrics.jsonl: the current weights, one pass (no sampling)."""
         self.module.eval()
-        yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
+        yield self.log_probs_on(loaders)
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict:

@@ -58,7 +58,7 @@ class DeepEnsemble(Method):
             for state in members[: int(num_samples or len(members))]:
                 self.module.load_state_dict(state)
                 self.module.eval()
-                yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
+                yield self.log_probs_on(loaders)
         finally:
             self.module.load_state_dict(current)
 

@@ -101,7 +101,7 @@ class DiagonalGaussianMethod(Method):
         k = self.num_samples if num_samples is None else int(num_samples)
         self.module.eval()
         if k == 0:
-            yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
+            yield self.log_probs_on(loaders)
             return
         yield from self.predict_at_samples(loaders, k, self.sample_weights)
 

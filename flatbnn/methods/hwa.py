@@ -268,7 +268,7 @@ class HWA(SGVB):
                         refresh_batchnorm(self.module, self.ctx.train_loader, self.ctx.device, 1.0,
                                           self.ctx.all_reduce_mean, self.ctx.channels_last)
                     self.module.eval()
-                    yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
+                    yield self.log_probs_on(loaders)
         finally:
             self.write_mean_vector(current)
             for n, b in self.module.named_buffers():

@@ -21,4 +21,4 @@ class MAP(Method):
     @torch.no_grad()
     def predict(self, loaders, num_samples=None):
         self.module.eval()
-        yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
+        yield self.log_probs_on(loaders)

@@ -41,7 +41,7 @@ class MCDropout(Method):
                 self.module.eval()
                 for m in self.dropout_modules:
                     m.train()
-                yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
+                yield self.log_probs_on(loaders)
         self.module.eval()
 
     def describe(self) -> dict:

@@ -65,7 +65,7 @@ class RandomSAMMethod(Method):
         k = int(num_samples or self.num_samples)
         self.module.eval()
         if k == 1:
-            yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
+            yield self.log_probs_on(loaders)
             return
         std = self.std()
         yield from self.predict_at_samples(loaders, k, lambda g, mean: [

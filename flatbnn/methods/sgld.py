@@ -112,7 +112,7 @@ class SGLD(Method):
             for sample in self.samples[-k:]:
                 self.module.load_state_dict(sample)
                 self.module.eval()
-                yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
+                yield self.log_probs_on(loaders)
         finally:
             self.module.load_state_dict(current)
 

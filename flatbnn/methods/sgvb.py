@@ -193,7 +193,7 @@ class SGVB(Method):
                 for i in range(k):
                     self.bank.clear()
                     with self.bank.fixed(("predict", i)):
-                        out = {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
+                        out = self.log_probs_on(loaders)
                     yield out
             finally:
                 self.bank.clear()
@@ -202,7 +202,7 @@ class SGVB(Method):
     def monitor(self, loaders):
         self.module.eval()
         with self.bank.using(mode="mean"):
-            out = {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
+            out = self.log_probs_on(loaders)
         yield out
 
     def describe(self) -> dict:

@@ -139,7 +139,7 @@ class SWAG(Method):
                     refresh_batchnorm(self.module, self.ctx.train_loader, self.ctx.device,
                                       self.bn_refresh_fraction, self.ctx.all_reduce_mean, self.ctx.channels_last)
                 self.module.eval()
-                yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
+                yield self.log_probs_on(loaders)
         finally:  # leave the training state untouched (resume, further training)
             vector_to_parameters(current, self.parameters())
             for n, b in self.module.named_buffers():

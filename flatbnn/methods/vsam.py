@@ -138,7 +138,7 @@ class VariationalSAM(Method):
         k = int(num_samples or self.num_samples)
         self.module.eval()
         if k == 1:
-            yield {name: self.forward_log_probs(self.module, loader) for name, loader in loaders.items()}
+            yield self.log_probs_on(loaders)
             return
         yield from self.predict_at_samples(loaders, k, lambda g, mean: [  # Sigma = M^-2
             w + torch.randn(w.shape, generator=g, device=g.device, dtype=w.dtype).to(w.device) / m

@@ -24,6 +24,9 @@ from flatbnn.optim.precision import PrecisionOptimizer
 
 
 class BSAMOptimizer(PrecisionOptimizer):
+    closure_error = "BSAMOptimizer.step takes no closure: the method runs the passes"
+    curvature_error = "BSAMOptimizer.step needs curvature=[h per parameter] (sqrt(s) * |g|)"
+
     def __init__(self, params, lr: float = 0.5, betas=(0.9, 0.999), rho: float = 0.01,
                  prior_precision: float = 1.0, n_data: float = 1.0, damping: float = 0.1,
                  s_init: float = 1.0):
@@ -55,22 +58,7 @@ class BSAMOptimizer(PrecisionOptimizer):
     def posterior_precision(self, s, group):
         return s  # noise and predictive: N(w, 1 / (N s))
 
-    # ---------------------------------------------------------------- the update
-    @torch.no_grad()
-    def step(self, closure=None, curvature=None):
-        """``p.grad`` = averaged g_p; ``curvature`` = averaged h, aligned with ``params()``."""
-        if closure is not None:
-            raise ValueError("BSAMOptimizer.step takes no closure: the method runs the passes")
-        if curvature is None:
-            raise ValueError("BSAMOptimizer.step needs curvature=[h per parameter] (sqrt(s) * |g|)")
-        curvature = list(curvature)
-        for (p, group), h in zip(self._groups(), curvature, strict=True):
-            state = self._init_state(p, group)
-            beta1, beta2 = group["betas"]
-            delta = self.delta(group)
-            m, s = state["momentum"], state["precision"]
-            g = p.grad if p.grad is not None else torch.zeros_like(p)
-            m.mul_(beta1).add_(g + delta * p, alpha=1.0 - beta1)
-            p.addcdiv_(m, s, value=-group["lr"])           # old s
-            s.mul_(beta2).add_(h + (group["damping"] + delta), alpha=1.0 - beta2)
-        return None
+    # ---------------------------------------------------------------- the update (after the momentum)
+    def _update(self, p, m, s, h, group, delta) -> None:
+        p.addcdiv_(m, s, value=-group["lr"])           # old s
+        s.mul_(group["betas"][1]).add_(h + (group["damping"] + delta), alpha=1.0 - group["betas"][1])

@@ -8,6 +8,12 @@ from torch.optim import Optimizer
 
 
 class PrecisionOptimizer(Optimizer):
+    """Subclasses give the precision/weight update (``_update``) and their two step error messages."""
+
+    #: one-line ``ValueError`` messages of ``step`` (no closure: the method runs the passes itself)
+    closure_error = "step takes no closure"
+    curvature_error = "step needs curvature=[one tensor per parameter]"
+
     def __init__(self, params, defaults: dict):
         super().__init__(params, defaults)
         for group in self.param_groups:  # eager state: noise can be drawn before the first step
@@ -33,6 +39,27 @@ class PrecisionOptimizer(Optimizer):
     def delta(group) -> float:
         """Prior precision per example: prior_precision / N."""
         return group["prior_precision"] / group["n_data"]
+
+    @torch.no_grad()
+    def step(self, closure=None, curvature=None):
+        """``p.grad`` = the averaged gradient g; ``curvature`` = the averaged h, aligned with ``params()``.
+
+        m <- beta1 m + (1 - beta1) (g + delta w), then the subclass's ``_update`` (w and s, in its order)."""
+        if closure is not None:
+            raise ValueError(self.closure_error)
+        if curvature is None:
+            raise ValueError(self.curvature_error)
+        for (p, group), h in zip(self._groups(), list(curvature), strict=True):
+            state = self._init_state(p, group)
+            delta = self.delta(group)
+            m = state["momentum"]
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            m.mul_(group["betas"][0]).add_(g + delta * p, alpha=1.0 - group["betas"][0])
+            self._update(p, m, state["precision"], h, group, delta)
+        return None
+
+    def _update(self, p, m, s, h, group, delta) -> None:
+        raise NotImplementedError
 
     def precisions(self) -> list[torch.Tensor]:
         return [self.state[p]["precision"] for p in self.params()]

@@ -18,12 +18,13 @@ w~ and hands this optimiser g_hat = mean_i g_i (in ``p.grad``) and h_hat = mean_
 
 from __future__ import annotations
 
-import torch
-
 from flatbnn.optim.precision import PrecisionOptimizer
 
 
 class VOGNOptimizer(PrecisionOptimizer):
+    closure_error = "VOGNOptimizer.step takes no closure: the method computes the gradients"
+    curvature_error = "VOGNOptimizer.step needs curvature=[mean_i g_i^2 per parameter]"
+
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), prior_precision: float = 1.0,
                  n_data: float = 1.0, damping: float = 1e-3, s_init: float = 1.0):
         if lr < 0:
@@ -43,20 +44,7 @@ class VOGNOptimizer(PrecisionOptimizer):
     def posterior_precision(self, s, group):
         return s + self.delta(group)  # sigma^2 = 1 / (N (s + delta))
 
-    @torch.no_grad()
-    def step(self, closure=None, curvature=None):
-        """``p.grad`` = g_hat (mean per-example gradient); ``curvature`` = h_hat (mean of g_i^2)."""
-        if closure is not None:
-            raise ValueError("VOGNOptimizer.step takes no closure: the method computes the gradients")
-        if curvature is None:
-            raise ValueError("VOGNOptimizer.step needs curvature=[mean_i g_i^2 per parameter]")
-        for (p, group), h in zip(self._groups(), list(curvature), strict=True):
-            state = self._init_state(p, group)
-            beta1, beta2 = group["betas"]
-            delta = self.delta(group)
-            m, s = state["momentum"], state["precision"]
-            g = p.grad if p.grad is not None else torch.zeros_like(p)
-            m.mul_(beta1).add_(g + delta * p, alpha=1.0 - beta1)
-            s.mul_(beta2).add_(h, alpha=1.0 - beta2)
-            p.addcdiv_(m, s + (delta + group["damping"]), value=-group["lr"])  # new s
-        return None
+    def _update(self, p, m, s, h, group, delta) -> None:
+        """``p.grad`` = g_hat (mean per-example gradient); ``h`` = h_hat (mean of g_i^2)."""
+        s.mul_(group["betas"][1]).add_(h, alpha=1.0 - group["betas"][1])
+        p.addcdiv_(m, s + (delta + group["damping"]), value=-group["lr"])  # new s

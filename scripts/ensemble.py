@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flatbnn.engine.checkpoint import load_checkpoint, write_json  # noqa: E402
-from flatbnn.engine.run import git_commit, hardware  # noqa: E402
+from flatbnn.engine.provenance import git_commit, hardware  # noqa: E402
 from flatbnn.metrics.evaluate import EvalConfig, dataset_targets, evaluate  # noqa: E402
 
 

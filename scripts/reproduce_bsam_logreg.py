@@ -26,9 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,6 +40,7 @@ from matplotlib.patches import Ellipse  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from flatbnn.engine.provenance import git_commit, hardware  # noqa: E402
 from flatbnn.toys.logreg2d import (  # noqa: E402
     exact_posterior, fit_bsam, fit_sam, gaussian_kl, gaussian_w2, laplace, make_data, predictive_gaussian,
     predictive_grid, separation_margin,
@@ -52,17 +50,6 @@ REGION = (-10.0, 6.0, -5.0, 10.0)  # x1_min, x1_max, x2_min, x2_max of the predi
 SAM_RHOS = (0.05, 0.2, 0.5)
 BSAM = dict(lr=0.5, beta1=0.9, beta2=0.99, rho=0.05, damping=0.1, s_init=1.0, steps=600)  # m = N
 SAM = dict(lr=2.0, momentum=0.9, steps=2500)
-
-
-def git_info() -> dict:
-    def run(*a):
-        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    try:
-        return {"commit": run("rev-parse", "HEAD") or "unknown",
-                # untracked files count: a reproduction run before the lead commits new code is dirty
-                "dirty": bool(run("status", "--porcelain"))}
-    except OSError:
-        return {"commit": "unknown", "dirty": None}
 
 
 def region_grid(n=121):
@@ -248,8 +235,7 @@ def main(argv=None):
             "budget": (f"CPU, exact 2-D problem; {len(prior_vars)} priors x (MAP + {len(SAM_RHOS)} SAM runs of "
                        f"{SAM['steps']} "
                        f"full-batch steps + 1 bSAM run of {BSAM['steps']} steps with {len(y)} parts each)"),
-            "git": git_info(), "seconds": None, "hardware": {"cpu": platform.processor() or platform.machine(),
-                                                             "cpu_count": os.cpu_count(), "torch": torch.__version__},
+            "git": git_commit(untracked=True), "seconds": None, "hardware": hardware(torch.device("cpu"), 1),
             "paper_reproduction": "qualitative (figure); the paper gives no numbers for this toy",
         },
         "data": {"generator": "flatbnn.toys.logreg2d.make_data(n_per_class=30, seed=0): class 1 ~ N((1,5), 1^2 I), "

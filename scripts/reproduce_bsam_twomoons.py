@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,23 +29,13 @@ import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from flatbnn.engine.provenance import git_commit, hardware  # noqa: E402
 from flatbnn.toys.twomoons import (  # noqa: E402
     BATCH, BSAM_HP, DELTA, N_DATA, SAM_HP, binary_entropy, make_data, predictive, train_bsam, train_sam,
 )
 
 REGION = (-2.5, 3.5, -2.0, 2.5)
 NUM_SAMPLES = 32
-
-
-def git_info() -> dict:
-    def run(*a):
-        return subprocess.run(["git", *a], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    try:
-        return {"commit": run("rev-parse", "HEAD") or "unknown",
-                # untracked files count: a reproduction run before the lead commits new code is dirty
-                "dirty": bool(run("status", "--porcelain"))}
-    except OSError:
-        return {"commit": "unknown", "dirty": None}
 
 
 def main(argv=None):
@@ -127,9 +114,8 @@ def main(argv=None):
             "what": "bSAM (Moellenhoff & Khan, ICLR 2023) App. F.2 / Fig. 6: SAM vs bSAM on two moons",
             "budget": f"CPU; {len(seeds)} seeds x 2 methods x {args.epochs + 1} epochs of {N_DATA // BATCH} steps "
                       f"(batch {BATCH}, M = 5 parts per step)",
-            "git": git_info(), "seconds": time.perf_counter() - t0,
-            "hardware": {"cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-                         "torch": torch.__version__},
+            "git": git_commit(untracked=True), "seconds": time.perf_counter() - t0,
+            "hardware": hardware(torch.device("cpu"), 1),
             "paper_reproduction": "qualitative (figure); the paper gives no numbers for this toy",
         },
         "choices": {

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ import torch  # noqa: E402
 from matplotlib.patches import Ellipse  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flatbnn.engine.provenance import git_commit  # noqa: E402
 from flatbnn.toys.fsam_gaussian import (  # noqa: E402
     DTYPE, KL_OFFSET_PAPER, PAPER_COMPONENTS, PAPER_MINIMA, GaussianMixtureLoss, classify, find_minima,
     find_saddle, make_flatness, run_optimizer,
@@ -60,14 +60,6 @@ RADII = {
 ETA = {"asam": 0.01, "fsam_emp": 1.0}
 LABEL = {"sgd": "SGD", "sam": "SAM", "asam": "ASAM", "fsam": "FSAM (analytic F)", "fsam_emp": "FSAM (emp. F=g², project)"}
 COLOR = {"flat": "tab:blue", "sharp": "magenta", "none": "0.6"}
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parents[1]).stdout.strip()
-    except Exception:  # noqa: BLE001
-        return "unknown"
 
 
 def loss_grid(loss, mu_range, sigma_range, n=(241, 181)):
@@ -259,7 +251,7 @@ def main(argv=None):
             "what": "Fisher-SAM toy (Kim et al. 2022, sec. 3.1, Figs 1-3): exact 2-D problem",
             "budget": f"CPU, exact 2-D problem, up to {args.steps} full-batch steps per run "
                       f"({n_total_steps} steps in all, {len(runs)} optimiser/radius configs x {len(keys)} starts)",
-            "git_commit": git_commit(),
+            "git_commit": git_commit()["commit"],
             "loss": "l = -log(a1 exp(-E1/b1^2) + a2 exp(-E2/b2^2)), E_i = KL(N(mu,sigma^2)||N(m_i,s_i^2)) + c",
             "kl_offset_c": args.kl_offset,
             "kl_offset_note": "c = 0.5 reproduces the paper's reported minima, loss values and Hessian traces "

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flatbnn.engine.provenance import git_commit  # noqa: E402
 from flatbnn.toys.fsam_gaussian import DTYPE, KL_OFFSET_PAPER, GaussianMixtureLoss, find_minima  # noqa: E402
 from flatbnn.toys.smoothing import (  # noqa: E402
     gaussian_smoothed, gaussian_smoothed_mc, sam_first_order, sam_smoothed,
@@ -47,14 +47,6 @@ from flatbnn.toys.smoothing import (  # noqa: E402
 BLOWUP = {1: 0.0}      # L -> +inf as sigma -> 0+
 SINGULAR = {1: 0.0}    # integrable log singularity of L at sigma = 0
 NEAR = 8.0             # a smoothed landscape's minimum within this distance "is" the original minimum moved
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parents[1]).stdout.strip()
-    except Exception:  # noqa: BLE001
-        return "unknown"
 
 
 def grid_local_minima(Z: np.ndarray, merge: int = 5) -> list[tuple[int, int]]:
@@ -217,7 +209,7 @@ def main(argv=None):
         "header": {
             "what": "VariationalSAM Fig. 1 (Ujvary et al.): Fisher-SAM toy loss, SAM- and Gaussian-smoothed",
             "budget": f"CPU, exact 2-D problem, {M.size}-point grid",
-            "git_commit": git_commit(),
+            "git_commit": git_commit()["commit"],
             "loss": "Fisher-SAM Eq. 15 (VSAM Fig. 1 caption: 'the original loss L [12]', [12] = Fisher SAM), "
                     f"E_i = KL_i + c, c = {args.kl_offset}",
         },

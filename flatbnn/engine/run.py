@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import platform
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -20,31 +17,10 @@ from flatbnn.engine import distributed as D
 from flatbnn.engine.backprop import Backprop, seed_everything
 from flatbnn.engine.checkpoint import load_checkpoint, write_json
 from flatbnn.engine.loggers import JsonlLogger
+from flatbnn.engine.provenance import git_commit, hardware
 from flatbnn.engine.trainer import Trainer
 from flatbnn.methods.base import RunContext
 from flatbnn.metrics.evaluate import EvalConfig, dataset_targets, evaluate
-
-REPO_DIR = Path(__file__).resolve().parents[2]
-
-
-def git_commit() -> dict:
-    try:
-        sha = subprocess.run(["git", "-C", str(REPO_DIR), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO_DIR), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip() != ""
-        return {"commit": sha or "unknown", "dirty": dirty}
-    except (OSError, subprocess.SubprocessError):
-        return {"commit": "unknown", "dirty": None}
-
-
-def hardware(device: torch.device, world_size: int) -> dict:
-    hw = {"device": device.type, "world_size": world_size, "cpu": platform.processor() or platform.machine(),
-          "cpu_count": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()}
-    if device.type == "cuda":
-        hw["gpu"] = torch.cuda.get_device_name(device)
-    return hw
-
 
 def run_dir_from_hydra() -> Path:
     from hydra.core.hydra_config import HydraConfig

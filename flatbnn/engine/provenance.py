@@ -1,0 +1,39 @@
+"""Where a number came from: the git commit (and whether the tree was dirty) and the hardware.
+
+Written into every results.json / summary.json, by the engine and by the scripts alike."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+REPO_DIR = Path(__file__).resolve().parents[2]
+
+
+def git_commit(untracked: bool = False) -> dict:
+    """``{"commit": sha, "dirty": bool}`` of this checkout (``"unknown"`` / None outside git).
+
+    ``untracked=True`` also counts untracked files as dirty (the toy reproductions: a run made before
+    new code is committed must say so)."""
+    try:
+        sha = subprocess.run(["git", "-C", str(REPO_DIR), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        status = ["git", "-C", str(REPO_DIR), "status", "--porcelain"]
+        if not untracked:
+            status.append("--untracked-files=no")
+        dirty = subprocess.run(status, capture_output=True, text=True, timeout=10).stdout.strip() != ""
+        return {"commit": sha or "unknown", "dirty": dirty}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": "unknown", "dirty": None}
+
+
+def hardware(device: torch.device, world_size: int) -> dict:
+    hw = {"device": device.type, "world_size": world_size, "cpu": platform.processor() or platform.machine(),
+          "cpu_count": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()}
+    if device.type == "cuda":
+        hw["gpu"] = torch.cuda.get_device_name(device)
+    return hw

@@ -135,13 +135,17 @@ class HWA(SGVB):
                            else torch.nn.functional.softplus(rho).pow(2).reshape(-1))
         return torch.cat(out)
 
-    def write_mean_vector(self, vec: torch.Tensor) -> None:
+    def _segments(self):
+        """(parameter, its slice of the flat mean vector), in ``mean_params`` order."""
         i = 0
-        with torch.no_grad():
-            for p in self.mean_params:
-                n = p.numel()
-                p.copy_(vec[i:i + n].view_as(p))
-                i += n
+        for p in self.mean_params:
+            yield p, slice(i, i + p.numel())
+            i += p.numel()
+
+    @torch.no_grad()
+    def write_mean_vector(self, vec: torch.Tensor) -> None:
+        for p, seg in self._segments():
+            p.copy_(vec[seg].view_as(p))
 
     # ---------------------------------------------------------------- averaging (Alg. 1, Eq. 4)
     @torch.no_grad()
@@ -162,13 +166,10 @@ class HWA(SGVB):
         self.write_mean_vector(self.mu_avg)
         var = self.diag_variance * (0.5 if self.covariance == "lowrank" else 1.0)
         sigma = var.clamp_min(SIGMA_FLOOR ** 2).sqrt()
-        i = 0
-        for p in self.mean_params:
-            n = p.numel()
+        for p, seg in self._segments():
             rho = self._sigma_of.get(id(p))
             if rho is not None:
-                rho.copy_(softplus_inverse(sigma[i:i + n]).view_as(rho))
-            i += n
+                rho.copy_(softplus_inverse(sigma[seg]).view_as(rho))
 
     def _lowrank_rows(self) -> tuple[torch.Tensor, float] | None:
         """(D_k, c) with U = c D_k^T the low-rank factor of Eq. (5); None with fewer than two deviations."""
@@ -181,8 +182,8 @@ class HWA(SGVB):
         return None if rows is None else rows[0].T * rows[1]
 
     def data_gradient(self, batch, flatness, backprop) -> float:
-        rows = self._lowrank_rows() if (self.train_from == "average" and self.covariance == "lowrank"
-                                        and self.n_models > 0) else None
+        # only the low-rank covariance collects deviations, so this is None for diag
+        rows = self._lowrank_rows() if self.train_from == "average" else None
         if rows is None:
             return super().data_gradient(batch, flatness, backprop)
         D, c = rows

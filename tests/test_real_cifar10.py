@@ -1,10 +1,12 @@
-"""Real data: ResNet-20-FRN on a 5,000-image subset of the real CIFAR-10, 2 epochs on CPU.
+"""Real data: ResNet-20-FRN on a 5,000-image subset of the real CIFAR-10, 3 epochs on CPU.
 
 ResNet-20-FRN starts slowly (per-example FRN normalisation + TLU; the bSAM code's network and
-init): at this budget SGD reached 0.27-0.29 for every lr/batch we tried (0.01-0.1, batch 16-128),
+init): at 2 epochs SGD reached 0.27-0.29 for every lr/batch we tried (0.01-0.1, batch 16-128),
 the same net with BatchNorm 0.31. Adam (lr 2e-3, batch 16, no augmentation, cosine) is the
-fastest start we measured: 0.356 plain, 0.363 with SAM at rho = 0.01 (the bSAM paper's radius for
-ResNet-20). The runs are seeded and bit-reproducible on CPU, so the bar is the issue's 0.35.
+fastest start we measured. The runs are seeded and bit-reproducible on one machine, but not across
+CPUs (other BLAS kernels): at 2 epochs this machine gave 0.356 and the CI machine 0.347 for the same
+seed, too close to the issue's bar of 0.35. At 3 epochs this machine gives 0.396 plain and 0.386 with
+SAM at rho = 0.01 (the bSAM paper's radius for ResNet-20), so the bar has a margin of ~0.04.
 """
 
 import pytest
@@ -20,7 +22,7 @@ def test_resnet20_frn_learns_on_real_cifar10_subset(flatness, cifar10_archive, t
         "dataset=cifar10", f"dataset.root={cifar10_archive}", f"dataset.cache_dir={tmp_path / 'cache'}",
         "dataset.train_subset=5000", "dataset.test_subset=1000", "dataset.augment=none",
         "model=resnet20_frn", "method=map", f"flatness={flatness}",
-        "optimizer=adam", "optimizer.lr=0.002", "trainer.epochs=2", "trainer.batch_size=16",
+        "optimizer=adam", "optimizer.lr=0.002", "trainer.epochs=3", "trainer.batch_size=16",
         "trainer.eval_every=0", "seed=0",
     ] + (["flatness.rho=0.01"] if flatness == "sam" else []), tmp_path / "run")
     m = res["metrics"]

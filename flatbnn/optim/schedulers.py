@@ -85,3 +85,49 @@ def cyclical(optimizer, total_steps: int, steps_per_epoch: int, cycles: int = 4)
     """Cyclical cosine (Zhang et al. 2020, cSG-MCMC): ``cycles`` cosine decays from lr towards 0;
     with ``method=sgld`` keep samples near the end of each cycle (``method.sample_every``)."""
     return LambdaLR(optimizer, _Cyclical(total_steps, cycles))
+
+
+class _InversePower:
+    """``lr(u) = min(max_lr, a / (b + offset + u) ** gamma)`` as a factor of ``base_lr`` (picklable).
+
+    ``u`` is the optimiser step (``unit="step"``) or the epoch ``step // steps_per_epoch`` (``unit="epoch"``).
+    """
+
+    def __init__(self, a, b, gamma, max_lr, unit, offset, steps_per_epoch, base_lr):
+        self.a, self.b, self.gamma, self.max_lr = float(a), float(b), float(gamma), max_lr
+        self.unit, self.offset = unit, float(offset)
+        self.steps_per_epoch, self.base_lr = int(steps_per_epoch), float(base_lr)
+
+    def lr(self, step: int) -> float:
+        u = step if self.unit == "step" else step // self.steps_per_epoch
+        lr = self.a / (self.b + self.offset + u) ** self.gamma
+        return lr if self.max_lr is None else min(float(self.max_lr), lr)
+
+    def __call__(self, step: int) -> float:
+        return self.lr(step) / self.base_lr
+
+
+def inverse_power(optimizer, total_steps: int, steps_per_epoch: int, a: float = 0.2, b: float = 0.1,
+                  gamma: float = 0.55, max_lr: float | None = 0.2, unit: str = "epoch", offset: float = 1.0):
+    """Polynomially decaying ABSOLUTE learning rate ``min(max_lr, a / (b + offset + u) ** gamma)``.
+
+    The flat_seeking_bnn code's SGLD schedules (docs/flat_bnn_official_code.md): its ``sgld/train_sgld.py``
+    sets ``min(0.2, 0.2 / (0.1 + epoch) ** 0.55)`` at the start of every epoch (the defaults here; ``offset``
+    = the script's epoch index of our first epoch: 1 when it starts from epoch 0, whose training it skips,
+    the checkpoint's epoch with ``--fine_tune``), and its plain-SGLD optimiser ``sam.SGD_Cus`` overrides that
+    with ``10 / (1000 + t) ** 0.9`` per step ``t`` (``a=10 b=1000 gamma=0.9 max_lr=null unit=step offset=0``).
+    The value is absolute: ``optimizer.lr`` only has to be > 0 (each group's factor is divided by it).
+    """
+    if unit not in ("step", "epoch"):
+        raise ValueError(f"scheduler.unit must be 'step' or 'epoch', got {unit!r}")
+    if steps_per_epoch < 1:
+        raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
+    if b + offset <= 0:
+        raise ValueError(f"inverse_power needs b + offset > 0, got b={b}, offset={offset}")
+    lambdas = []
+    for group in optimizer.param_groups:
+        base = group.get("initial_lr", group["lr"])
+        if base <= 0:
+            raise ValueError(f"inverse_power sets an absolute lr: optimizer.lr must be > 0, got {base}")
+        lambdas.append(_InversePower(a, b, gamma, max_lr, unit, offset, steps_per_epoch, base))
+    return LambdaLR(optimizer, lambdas)

@@ -1,9 +1,14 @@
-"""Reliability diagram (PNG) built on :func:`flatbnn.metrics.calibration_bins`."""
+"""Reliability diagrams (PNG) built on :func:`flatbnn.metrics.calibration_bins`.
+
+:func:`reliability_diagram`: one predictive (bars + gap + counts). :func:`reliability_overlay`:
+several runs on one plot (flat_seeking_bnn Fig. 2: SWAG vs F-SWAG, 20 bins), each legend entry
+with its ECE under the same binning convention as results.json's ``ece``.
+"""
 
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Optional, Sequence
 
 from torch import Tensor
 
@@ -69,9 +74,100 @@ def reliability_diagram(
     axc.set_xlabel("confidence (max predictive probability)")
     axc.set_ylabel("count")
 
+    return save_png(fig, path)
+
+
+def save_png(fig, path: str | os.PathLike) -> str:
+    """Write ``fig`` as a PNG at ``path`` (parent folders created); returns the path as a string."""
     path = os.fspath(path)
     parent = os.path.dirname(path)
     if parent:
         os.makedirs(parent, exist_ok=True)
     fig.savefig(path, format="png", bbox_inches="tight")
     return path
+
+
+OVERLAY_STYLES = ("gap", "accuracy")
+
+
+def legend_label(label: str, ece_value: float) -> str:
+    """The legend text of one run in :func:`reliability_overlay` (4 decimals, a fraction)."""
+    return f"{label}: ECE = {ece_value:.4f}"
+
+
+def reliability_overlay_figure(runs: dict[str, tuple[Tensor, Tensor]], n_bins: int = 20, binning: str = "width",
+                               edges: str = "right", style: str = "gap", title: Optional[str] = None,
+                               colors: Optional[Sequence[str]] = None):
+    """The :class:`matplotlib.figure.Figure` of :func:`reliability_overlay` and its per-run numbers
+    (``(figure, stats)``; nothing written). See :func:`reliability_overlay`."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if style not in OVERLAY_STYLES:
+        raise ValueError(f"style must be one of {OVERLAY_STYLES}, got {style!r}")
+    if not runs:
+        raise ValueError("no runs to plot")
+    fig = Figure(figsize=(6.0, 6.0), dpi=100)
+    FigureCanvasAgg(fig)
+    gs = fig.add_gridspec(2, 1, height_ratios=[3, 1], hspace=0.08)
+    ax = fig.add_subplot(gs[0])
+    axc = fig.add_subplot(gs[1], sharex=ax)
+    if style == "gap":
+        ax.axhline(0.0, linestyle="--", color="black", linewidth=1.2, label="perfect calibration")
+        ax.set_ylabel("confidence - accuracy")
+    else:
+        ax.plot([0, 1], [0, 1], linestyle="--", color="black", linewidth=1.2, label="perfect calibration")
+        ax.set_ylim(0.0, 1.0)
+        ax.set_ylabel("accuracy")
+    stats = {}
+    for i, (label, (probs, targets)) in enumerate(runs.items()):
+        bins = calibration_bins(probs, targets, n_bins=n_bins, binning=binning, edges=edges)
+        ece_value = _ece_from_bins(bins)
+        count = bins["count"].cpu()
+        ne = count > 0
+        conf = bins["confidence"].cpu()[ne].numpy()
+        acc = bins["accuracy"].cpu()[ne].numpy()
+        color = colors[i % len(colors)] if colors else f"C{i}"
+        y = conf - acc if style == "gap" else acc
+        text = legend_label(label, ece_value)
+        ax.plot(conf, y, marker="o", markersize=3.5, linewidth=1.5, color=color, label=text)
+        e = bins["edges"].cpu().numpy()
+        frac = (count.double() / max(bins["n_total"], 1)).numpy()
+        axc.stairs(frac, e, color=color, linewidth=1.2)
+        stats[label] = {"ece": ece_value, "legend": text, "n": int(bins["n_total"]),
+                        "edges": bins["edges"].tolist(), "confidence": bins["confidence"].tolist(),
+                        "accuracy": bins["accuracy"].tolist(), "count": bins["count"].tolist()}
+    ax.set_xlim(0.0, 1.0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8, title=f"{n_bins} {binning} bins, edges={edges}", title_fontsize=8)
+    ax.tick_params(labelbottom=False)
+    if title:
+        ax.set_title(title)
+    axc.set_xlabel("confidence (max predictive probability)")
+    axc.set_ylabel("fraction")
+    axc.grid(alpha=0.3)
+    return fig, stats
+
+
+def reliability_overlay(runs: dict[str, tuple[Tensor, Tensor]], path: str | os.PathLike, n_bins: int = 20,
+                        binning: str = "width", edges: str = "right", style: str = "gap",
+                        title: Optional[str] = None, colors: Optional[Sequence[str]] = None) -> dict:
+    """Reliability diagrams of several runs overlaid in one PNG; returns the per-run numbers.
+
+    ``runs``: ``{label: (probs [N, C], targets [N])}`` -- predictive probabilities (for a posterior:
+    the mean over samples, e.g. ``exp`` of evaluate()'s predictive log-probs; pass them in the dtype
+    evaluate() used, float32, to reproduce results.json's ECE bit for bit). Bins exactly as
+    :func:`flatbnn.metrics.calibration_bins` / :func:`flatbnn.metrics.ece` with the same
+    ``n_bins`` / ``binning`` / ``edges`` (flat_seeking_bnn Fig. 2: 20 width bins, ``"right"``).
+    ``style="gap"`` (the paper's): per non-empty bin, mean confidence minus accuracy against mean
+    confidence, zero = perfect calibration (black dashed); ``"accuracy"``: accuracy against mean
+    confidence with the diagonal. Bottom panel: fraction of examples per bin. Each legend entry is
+    :func:`legend_label` (label and ECE, 4 decimals); the legend title states the bins.
+
+    Returns ``{label: {"ece", "legend", "n", "edges", "confidence", "accuracy", "count"}}``
+    (``ece`` is the float :func:`flatbnn.metrics.ece` returns for the same options).
+    """
+    fig, stats = reliability_overlay_figure(runs, n_bins=n_bins, binning=binning, edges=edges, style=style,
+                                            title=title, colors=colors)
+    save_png(fig, path)
+    return stats

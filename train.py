@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import traceback
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
@@ -30,9 +32,18 @@ def _nonzero_rank_overrides() -> None:
     sys.argv += extra
 
 
+FAILED_JOBS: list[tuple[str, str]] = []  # (run dir, one line) of the failed members of a --multirun sweep
+
+
+def _in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    from flatbnn.engine.run import run
+    from flatbnn.engine.run import run, run_dir_from_hydra
     from flatbnn.engine.trainer import Preempted
 
     try:
@@ -42,10 +53,21 @@ def main(cfg: DictConfig) -> float | None:
         sys.exit(EXIT_PREEMPTED)
     except Exception as e:  # known, actionable errors become one line; anything else keeps its traceback
         msg = one_line_error(e)
-        if msg is None:
-            raise
-        print(f"flatbnn: error: {msg}", file=sys.stderr)
-        sys.exit(EXIT_CONFIG)
+        if not _in_multirun():
+            if msg is None:
+                raise
+            print(f"flatbnn: error: {msg}", file=sys.stderr)
+            sys.exit(EXIT_CONFIG)
+        # a sweep member fails alone: its run dir says why, the sweep goes on, the process exits non-zero at the end
+        run_dir = run_dir_from_hydra()
+        detail = traceback.format_exc()
+        line = msg or f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        if int(os.environ.get("RANK", "0")) == 0:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "failed.txt").write_text(detail + "\n" + line + "\n")
+        print(f"flatbnn: error in {run_dir}: {line}", file=sys.stderr)
+        FAILED_JOBS.append((str(run_dir), line))
+        return None
     # the return value is what a Hydra sweeper (e.g. Optuna) would optimise
     return None if results is None else results["metrics"].get("nll")
 
@@ -53,3 +75,8 @@ def main(cfg: DictConfig) -> float | None:
 if __name__ == "__main__":
     _nonzero_rank_overrides()
     main()
+    if FAILED_JOBS:
+        print(f"flatbnn: {len(FAILED_JOBS)} sweep member(s) failed (see failed.txt in each run dir):", file=sys.stderr)
+        for d, line in FAILED_JOBS:
+            print(f"  {Path(d)}: {line}", file=sys.stderr)
+        sys.exit(1)

@@ -1,83 +1,28 @@
 #!/usr/bin/env python
-"""Aggregate run directories (each with a results.json) into a table: mean ± std over seeds.
+"""Aggregate run directories (each with a results.json) into a table: mean ± std over seeds (ddof = 1).
 
     python scripts/aggregate.py multirun/2026-11-22/12-00-00 [more dirs...] [--out table.md] [--json rows.json]
 
-Rows are grouped by (dataset, model, method, flatness and its radius); every row states its budget
-(epochs, train size, world size, hardware) so a short CPU run is never mistaken for a paper number.
+One row per experiment: runs are grouped by their whole config (.hydra/config.yaml beside results.json, without
+the seed, paths and progress switches) plus the budget, hardware kind and metric conventions from results.json, so
+runs with different epochs, optimiser, lr, label noise, ... are never averaged. The `config` column lists the keys
+that differ between rows; every row states its budget so a short CPU run is never mistaken for a paper number.
+Sweep members without results.json (failed, or never started) are listed below the table and not counted in n.
+Exit codes: 0 ok, 1 no results found, 2 the same seed twice in one row. Logic: flatbnn/reproduce/aggregate.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-from collections import defaultdict
 from pathlib import Path
 
-METRICS = ["accuracy", "nll", "ece", "brier", "auroc_misclassification", "auroc_ood"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def find_results(paths: list[str]) -> list[dict]:
-    out = []
-    for p in paths:
-        p = Path(p)
-        files = [p] if p.name == "results.json" else sorted(p.rglob("results.json"))
-        for f in files:
-            try:
-                out.append(json.loads(f.read_text()))
-            except (OSError, json.JSONDecodeError) as e:
-                print(f"skipping {f}: {e}", file=sys.stderr)
-    return out
-
-
-def row_key(meta: dict) -> tuple:
-    fl = meta["flatness"]
-    hp = [f"{k}={fl[k]}" for k in ("rho", "eta", "sigma", "m") if fl.get(k) is not None
-          and not (k == "m" and fl[k] == 1)]
-    flat = fl["name"] + (f"({', '.join(hp)})" if hp else "")
-    return (meta["dataset"], meta["model"], meta["method"]["name"], flat)
-
-
-def aggregate(results: list[dict]) -> list[dict]:
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for r in results:
-        groups[row_key(r["meta"])].append(r)
-    rows = []
-    for key, runs in sorted(groups.items()):
-        row = {"dataset": key[0], "model": key[1], "method": key[2], "flatness": key[3],
-               "seeds": sorted(r["meta"]["seed"] for r in runs)}
-        for m in METRICS:
-            vals = [r["metrics"][m] for r in runs if isinstance(r["metrics"].get(m), (int, float))]
-            if vals:
-                row[m] = (statistics.fmean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0)
-        b, hw = runs[0]["meta"]["budget"], runs[0]["meta"]["hardware"]
-        row["budget"] = (f"{b['epochs']} ep, n={b['train_size']}, batch {b['global_batch']}, "
-                         f"{b['world_size']}x{hw.get('gpu', hw['device'])}")
-        row["commits"] = sorted({r["meta"]["git"]["commit"][:8] for r in runs})
-        rows.append(row)
-    return rows
-
-
-def fmt(v, m) -> str:
-    mean, std = v
-    if m == "accuracy":
-        return f"{100 * mean:.2f} ± {100 * std:.2f}"
-    return f"{mean:.4f} ± {std:.4f}"
-
-
-def to_markdown(rows: list[dict]) -> str:
-    metrics = [m for m in METRICS if any(m in r for r in rows)]
-    head = ["dataset", "model", "method", "flatness", "seeds", *[("acc %" if m == "accuracy" else m) for m in metrics],
-            "budget", "commit"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        cells = [r["dataset"], r["model"], r["method"], r["flatness"], ",".join(map(str, r["seeds"]))]
-        cells += [fmt(r[m], m) if m in r else "–" for m in metrics]
-        cells += [r["budget"], ",".join(r["commits"])]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+from flatbnn.reproduce.aggregate import (  # noqa: E402,F401  (re-exported for `from scripts.aggregate import ...`)
+    METRICS, STATS_NOTE, DuplicateSeedError, Failed, Group, Run, aggregate, aggregate_paths, config_diff,
+    failed_markdown, find_results, group_runs, load_runs, summarize, to_markdown)
 
 
 def main(argv=None) -> int:
@@ -85,24 +30,43 @@ def main(argv=None) -> int:
     ap.add_argument("paths", nargs="+", help="run or sweep directories (searched for results.json)")
     ap.add_argument("--out", help="also write the markdown table here")
     ap.add_argument("--json", help="also write the aggregated rows as JSON here")
+    ap.add_argument("--failed-json", help="also write the failed / missing sweep members as JSON here")
+    ap.add_argument("--metrics", help=f"comma-separated metric names (dotted for nested, e.g. ood.svhn.auroc); "
+                                      f"default {','.join(METRICS)}")
+    ap.add_argument("--allow-duplicate-seeds", action="store_true",
+                    help="count runs that repeat a seed within one row instead of stopping with exit code 2")
     args = ap.parse_args(argv)
-    results = find_results(args.paths)
-    if not results:
-        print(f"no results.json under {args.paths}", file=sys.stderr)
+    metrics = args.metrics.split(",") if args.metrics else METRICS
+    try:
+        rows, failed, runs = aggregate_paths(args.paths, metrics, allow_duplicate_seeds=args.allow_duplicate_seeds)
+    except DuplicateSeedError as e:
+        print(f"aggregate: error: {e}", file=sys.stderr)
+        return 2
+    failed_text = failed_markdown(failed)
+    if not runs:
+        print(f"no results.json under {' '.join(args.paths)}", file=sys.stderr)
+        if failed_text:
+            print(failed_text, file=sys.stderr)
         return 1
-    rows = aggregate(results)
-    table = to_markdown(rows)
-    print(table)
+    table = to_markdown(rows, metrics)
+    body = f"Cells: {STATS_NOTE}.\n\n{table}\n" + (f"\n{failed_text}\n" if failed_text else "")
+    print(body, end="")
     if args.out:
-        hw = sorted({f"{r['meta']['hardware'].get('gpu', r['meta']['hardware'].get('cpu'))} "
-                     f"(torch {r['meta']['hardware'].get('torch')})" for r in results})
-        preamble = (f"<!-- generated by scripts/aggregate.py from {len(results)} runs; do not edit -->\n"
-                    f"Runs: {len(results)}; hardware: {'; '.join(hw)}. Budgets are per row; "
-                    f"these are our runs, not the papers' numbers.\n\n")
+        hws = [r.meta.get("hardware") or {} for r in runs]
+        hw = sorted({f"{h.get('gpu') or h.get('cpu')} (torch {h.get('torch')})" for h in hws})
+        preamble = (f"<!-- generated by scripts/aggregate.py from {len(runs)} runs; do not edit -->\n"
+                    f"Runs: {len(runs)}; hardware: {'; '.join(hw)}. Rows group runs with the same config; budgets "
+                    f"are per row; these are our runs, not the papers' numbers.\n\n")
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(preamble + table + "\n")
+        Path(args.out).write_text(preamble + body)
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(rows, indent=2))
+    if args.failed_json:
+        Path(args.failed_json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.failed_json).write_text(json.dumps([
+            {"path": str(f.path), "reason": f.reason, "message": f.message, "overrides": f.overrides}
+            for f in failed], indent=2))
     return 0
 
 

@@ -1,9 +1,16 @@
-"""Compose a run from a resolved config: data x model x method x flatness -> fit -> evaluate -> results.json."""
+"""Compose a run from a resolved config: data x model x method x flatness -> fit -> evaluate -> results.json.
+
+:func:`build` is the one place a config becomes data, model, method and flatness (used by :func:`run`
+and by ``evaluate.py``, which re-evaluates a finished run from its checkpoint without retraining);
+:func:`final_evaluate` and :func:`results_meta` are the final evaluation and the results.json meta
+both write.
+"""
 
 from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -15,12 +22,13 @@ from torch.utils.data import DataLoader
 
 from flatbnn.engine import distributed as D
 from flatbnn.engine.backprop import Backprop, seed_everything
-from flatbnn.engine.checkpoint import load_checkpoint, write_json
+from flatbnn.engine.checkpoint import CheckpointError, load_checkpoint, write_json
 from flatbnn.engine.loggers import JsonlLogger
 from flatbnn.engine.provenance import git_commit, hardware
 from flatbnn.engine.trainer import Trainer
 from flatbnn.methods.base import RunContext
 from flatbnn.metrics.evaluate import EvalConfig, dataset_targets, evaluate
+
 
 def run_dir_from_hydra() -> Path:
     from hydra.core.hydra_config import HydraConfig
@@ -35,9 +43,46 @@ def _loader(dataset, batch_size, sampler, num_workers, device, seed, shuffle=Fal
                       generator=torch.Generator().manual_seed(seed), persistent_workers=False)
 
 
-def run(cfg: DictConfig, run_dir: Path | None = None) -> dict | None:
-    """Train and evaluate one configuration. Returns the results dict on rank 0 (None elsewhere)."""
-    t_start = time.perf_counter()
+@dataclass
+class Built:
+    """Everything :func:`build` makes from a config: what ``run`` trains and what ``evaluate.py`` re-evaluates."""
+
+    cfg: DictConfig
+    device: torch.device
+    info: D.DistInfo
+    run_dir: Path
+    bundle: object
+    method: object
+    flatness: object
+    module: torch.nn.Module          # the raw backbone (as the method prepared it)
+    model: torch.nn.Module           # the forward module (DDP-wrapped / compiled)
+    ddp: DistributedDataParallel | None
+    generator: torch.Generator       # per-rank noise generator (checkpointed)
+    train_loader: object
+    sampler: object
+    eval_loaders: dict               # "test", "ood/<name>", "shift/<corruption>/<severity>"
+    val_loader: object
+    test_targets: torch.Tensor
+    val_targets: torch.Tensor | None
+    shift_targets: dict
+    steps_per_epoch: int
+    total_epochs: int                # trainer.epochs * method.epoch_multiplier
+    ctx: RunContext
+    backprop: Backprop
+    eval_cfg: EvalConfig
+    resume_ckpt: Path | None = None  # the checkpoint ``run`` resumes from (training builds only)
+    init_from: dict | None = None    # what trainer.init_from loaded (results.json meta)
+
+    def gather(self, local: torch.Tensor, n: int) -> torch.Tensor:
+        return D.gather_shards(local, n, self.info, self.device)
+
+
+def build(cfg: DictConfig, run_dir: Path | None = None, *, training: bool = True) -> Built:
+    """Data, model, method and flatness of ``cfg``, set up exactly as a training run sets them up.
+
+    ``training=True`` (``run``): resolves ``trainer.resume`` and, when the run does not resume, loads
+    ``trainer.init_from`` weights into the freshly built model (before the method sets up, DDP and
+    compile). ``training=False`` (``evaluate.py``): neither; the caller restores a checkpoint."""
     tc = cfg.trainer
     device = D.resolve_device(tc.device)
     info = D.init_distributed(device)
@@ -52,14 +97,29 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict | None:
     bundle = instantiate(cfg.dataset)
     method = instantiate(cfg.method)
 
-    def model_factory(seed: int | None = None) -> torch.nn.Module:
+    # resume wins over init_from: a resumed run already has its weights
+    resume_ckpt = _resume_path(tc.resume, run_dir / "checkpoints" / "last.pt") if training else None
+    init = None
+    if training and tc.get("init_from") not in (None, ""):
+        init = InitWeights.load(tc.init_from, tc.get("init_key")) if resume_ckpt is None else None
+
+    def model_factory(seed: int | None = None, init: InitWeights | None = None) -> torch.nn.Module:
         if seed is not None:
             torch.manual_seed(seed)
+        backbone = instantiate(cfg.model)
+        # init_from weights of a plain backbone (MAP, SGLD, SWAG, ... checkpoints) go in before the
+        # method rebuilds layers (Bayesian mu/sigma layers take mu from them); weights of an already
+        # prepared model (an SGVB checkpoint) go in after
+        raw = init is not None and init.load_into(backbone, try_only=True)
         # a method may rebuild layers (Bayesian mu/sigma layers) -- before DDP / compile wrap them
-        m = method.prepare_model(instantiate(cfg.model)).to(device)
+        m = method.prepare_model(backbone)
+        if init is not None and not raw:
+            init.load_into(m, also_tried=backbone)
+        m = m.to(device)
         return m.to(memory_format=torch.channels_last) if tc.channels_last else m
 
-    module = model_factory()
+    module = model_factory(init=init)
+    init_info = init_record(tc, init, resume_ckpt) if training else None
     if info.enabled and tc.sync_bn:
         module = torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
     if info.rank > 0:  # ranks draw different dropout / noise; rank 0 keeps the single-process stream
@@ -124,19 +184,186 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict | None:
     total_epochs = tc.epochs * method.epoch_multiplier
     backprop = Backprop(module, device, precision=tc.precision, grad_clip=tc.grad_clip, ddp=ddp)
     eval_cfg = EvalConfig(**OmegaConf.to_container(cfg.metrics, resolve=True))
+    return Built(cfg=cfg, device=device, info=info, run_dir=run_dir, bundle=bundle, method=method,
+                 flatness=flatness, module=module, model=model, ddp=ddp, generator=generator,
+                 train_loader=train_loader, sampler=sampler, eval_loaders=eval_loaders, val_loader=val_loader,
+                 test_targets=dataset_targets(bundle.test),
+                 val_targets=dataset_targets(bundle.val) if val_loader is not None else None,
+                 shift_targets=shift_targets, steps_per_epoch=steps_per_epoch, total_epochs=total_epochs,
+                 ctx=ctx, backprop=backprop, eval_cfg=eval_cfg, resume_ckpt=resume_ckpt, init_from=init_info)
 
-    def gather(local, n):
-        return D.gather_shards(local, n, info, device)
+
+class InitWeights:
+    """``trainer.init_from``: the MODEL WEIGHTS (only) of another run, to train on from them.
+
+    Accepts a run directory (its ``checkpoints/last.pt``), a flatbnn checkpoint (the method's
+    ``state_dict()["model"]``: the current weights of MAP, SGLD, the SWAG family, ... -- the optimiser,
+    schedule, step and posterior state are not taken) or a plain ``torch.save(state_dict)`` file, the
+    state dict at its top level or under ``trainer.init_key`` (dotted for nested keys, e.g.
+    ``state_dict`` or ``method.model``). DDP / compile prefixes (``module.``, ``_orig_mod.``) are
+    dropped. Loading is strict: a mismatch is one line naming the first missing / unexpected keys."""
+
+    def __init__(self, path: Path, key: str | None, state: dict, source: str):
+        self.path, self.key, self.state, self.source = path, key, state, source
+        self.loaded_into: str | None = None
+
+    @classmethod
+    def load(cls, spec, key: str | None = None) -> "InitWeights":
+        path = Path(str(spec)).expanduser()
+        if path.is_dir():
+            if not (path / "checkpoints" / "last.pt").exists():
+                raise FileNotFoundError(f"trainer.init_from={spec}: a directory without checkpoints/last.pt")
+            path = path / "checkpoints" / "last.pt"
+        if not path.exists():
+            raise FileNotFoundError(f"trainer.init_from={spec}: no such checkpoint file or run directory")
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:
+            raise CheckpointError(f"trainer.init_from={path} is unreadable ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0][:120] if str(e) else ''})") from None
+        ours = isinstance(obj, dict) and "format" in obj and isinstance(obj.get("method"), dict)
+        key = None if key in (None, "") else str(key)
+        if key is not None:
+            state = _dig(obj, key)
+            if state is None:
+                top = ", ".join(map(str, list(obj)[:8])) if isinstance(obj, dict) else type(obj).__name__
+                raise ValueError(f"trainer.init_key={key}: no such key in {path} (top-level keys: {top})")
+        elif ours:
+            state, key = obj["method"]["model"], "method.model"
+        else:
+            state = obj
+        if not _is_state_dict(state):
+            top = ", ".join(map(str, list(state)[:8])) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"trainer.init_from={path}{f' [{key}]' if key else ''} is not a state dict of "
+                             f"tensors (has: {top}); name the entry holding the weights with trainer.init_key=...")
+        state = dict(state)
+        for prefix in ("module.", "_orig_mod."):
+            if state and all(k.startswith(prefix) for k in state):
+                state = {k[len(prefix):]: v for k, v in state.items()}
+        source = (f"flatbnn checkpoint (epoch {obj.get('epoch')}, global step {obj.get('global_step')})"
+                  if ours else "state dict")
+        return cls(path, key, state, source)
+
+    def mismatch(self, module: torch.nn.Module) -> list[str]:
+        """What keeps ``module`` from loading these weights strictly (empty: it fits)."""
+        target = module.state_dict()
+        missing = [k for k in target if k not in self.state]
+        unexpected = [k for k in self.state if k not in target]
+        shapes = [f"{k} {list(self.state[k].shape)} vs model {list(target[k].shape)}" for k in target
+                  if k in self.state and hasattr(target[k], "shape") and hasattr(self.state[k], "shape")
+                  and tuple(self.state[k].shape) != tuple(target[k].shape)]
+        out = []
+        for what, keys in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatch", shapes)):
+            if keys:
+                more = f" (+{len(keys) - 3} more)" if len(keys) > 3 else ""
+                out.append(f"{what}: {', '.join(keys[:3])}{more}")
+        return out
+
+    def load_into(self, module: torch.nn.Module, *, try_only: bool = False,
+                  also_tried: torch.nn.Module | None = None) -> bool:
+        problems = self.mismatch(module)
+        if problems:
+            if try_only:
+                return False
+            if also_tried is not None:  # report against whichever form of the model it is closer to
+                other = self.mismatch(also_tried)
+                problems = min(problems, other, key=lambda p: sum(len(x) for x in p))
+            raise ValueError(f"trainer.init_from={self.path}{f' [{self.key}]' if self.key else ''} does not fit "
+                             f"the model: {'; '.join(problems)} (same model.* settings as the run it comes from?)")
+        module.load_state_dict(self.state, strict=True)
+        self.loaded_into = "backbone" if try_only else "prepared model"
+        return True
+
+
+def _dig(obj, key: str):
+    """``obj[key]``, or a nested ``obj[a][b]`` for ``key = "a.b"`` (state-dict keys contain dots too)."""
+    if not isinstance(obj, dict):
+        return None
+    if key in obj:
+        return obj[key]
+    for i, ch in enumerate(key):
+        if ch == "." and key[:i] in obj:
+            found = _dig(obj[key[:i]], key[i + 1:])
+            if found is not None:
+                return found
+    return None
+
+
+def _is_state_dict(obj) -> bool:
+    return (isinstance(obj, dict) and len(obj) > 0 and all(isinstance(k, str) for k in obj)
+            and any(torch.is_tensor(v) for v in obj.values()))
+
+
+def init_record(tc, init: InitWeights | None, resume_ckpt: Path | None) -> dict | None:
+    """results.json ``meta.init_from``: where the starting weights came from (None: a fresh init)."""
+    if tc.get("init_from") in (None, ""):
+        return None
+    if init is None:  # resumed: the weights come from the run's own checkpoint
+        return {"path": str(tc.init_from), "key": tc.get("init_key"), "resumed_from": str(resume_ckpt)}
+    return {"path": str(init.path), "key": init.key, "source": init.source, "loaded_into": init.loaded_into}
+
+
+def final_evaluate(b: Built) -> tuple[dict, dict]:
+    """The run's final evaluation: ``(metrics, predictive log-probs per set)``.
+
+    The training data stand at the last epoch (augmentation and order), whether the run just trained
+    it or resumed / was re-evaluated from the final checkpoint: BatchNorm refreshes of sampled weights
+    (SWAG, HWA) see the same batches either way."""
+    last = b.total_epochs - 1
+    if last >= 0:
+        if hasattr(b.bundle.train, "set_epoch"):
+            b.bundle.train.set_epoch(last)
+        b.sampler.set_epoch(last)
+    metrics = evaluate(b.method, b.eval_loaders, b.test_targets, b.eval_cfg, gather=b.gather,
+                       keep_predictive=True, shift_targets=b.shift_targets)
+    predictive = metrics.pop("_predictive")
+    return metrics, predictive
+
+
+def results_meta(b: Built, *, steps: int, train_seconds: float, wall_seconds: float, overrides: list,
+                 model_name: str, run_dir: Path, world_size: int | None = None) -> dict:
+    """results.json's ``meta`` (train.py and evaluate.py write the same structure)."""
+    cfg, tc, eval_cfg = b.cfg, b.cfg.trainer, b.eval_cfg
+    return {
+        "dataset": cfg.dataset.name, "model": model_name, "method": b.method.describe(),
+        "flatness": b.flatness.describe(), "seed": cfg.seed, "epochs": b.total_epochs,
+        "budget": {"epochs": b.total_epochs, "steps": steps, "steps_per_epoch": b.steps_per_epoch,
+                   "train_size": len(b.bundle.train), "test_size": len(b.bundle.test),
+                   "global_batch": tc.batch_size,
+                   "world_size": b.info.world_size if world_size is None else world_size,
+                   "precision": tc.precision},
+        "metric_conventions": {"ece_bins": eval_cfg.ece_bins, "ece_binning": eval_cfg.ece_binning,
+                               "ece_edges": eval_cfg.ece_edges, "auroc_misclassification":
+                               f"positives = correct, score = {eval_cfg.misclass_score}",
+                               "auroc_ood": f"positives = in-distribution, score = {eval_cfg.ood_score}",
+                               "nll": "-log mean_k p_k(y|x), mean over examples"},
+        "hardware": hardware(b.device, b.info.world_size), "git": git_commit(),
+        "train_seconds": train_seconds, "wall_seconds": wall_seconds,
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "overrides": overrides, "run_dir": str(run_dir),
+        "init_from": b.init_from,
+        "paper_reproduction": False,
+    }
+
+
+def run(cfg: DictConfig, run_dir: Path | None = None) -> dict | None:
+    """Train and evaluate one configuration. Returns the results dict on rank 0 (None elsewhere)."""
+    t_start = time.perf_counter()
+    tc = cfg.trainer
+    b = build(cfg, run_dir, training=True)
+    info, run_dir, method = b.info, b.run_dir, b.method
 
     # ---------------------------------------------------------------- resume
-    trainer = Trainer(epochs=total_epochs, run_dir=run_dir, info=info, device=device,
+    trainer = Trainer(epochs=b.total_epochs, run_dir=run_dir, info=info, device=b.device,
                       checkpoint_every=tc.checkpoint_every, eval_every=tc.eval_every, progress=tc.progress,
                       limit_train_batches=tc.limit_train_batches, channels_last=tc.channels_last)
-    ckpt = _resume_path(tc.resume, trainer.ckpt_path)
+    ckpt = b.resume_ckpt
     if ckpt is not None:
-        trainer.restore(load_checkpoint(ckpt), method, backprop, generator)
+        trainer.restore(load_checkpoint(ckpt), method, b.backprop, b.generator)
         if info.is_main:
             print(f"resuming from {ckpt} at epoch {trainer.epoch}, step {trainer.step_in_epoch}", file=sys.stderr)
+    elif b.init_from is not None and info.is_main:
+        print(f"initialised the model from {b.init_from['path']}", file=sys.stderr)
     if info.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         trainer.loggers = [JsonlLogger(run_dir, resume_epoch=trainer.epoch)]
@@ -145,50 +372,30 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict | None:
             if lg_cfg is not None and "_target_" in lg_cfg:
                 trainer.loggers.append(instantiate(lg_cfg, _partial_=True)(run_dir=run_dir, run_config=container))
 
-    val_targets = dataset_targets(bundle.val) if val_loader is not None else None
-    test_targets = dataset_targets(bundle.test)
-
     def evaluate_epoch() -> dict:
-        name, loader, targets = (("val", val_loader, val_targets) if val_loader is not None
-                                 else ("test", eval_loaders["test"], test_targets))
-        m = evaluate(method, {"test": loader}, targets, eval_cfg, gather=gather, predict=method.monitor)
+        name, loader, targets = (("val", b.val_loader, b.val_targets) if b.val_loader is not None
+                                 else ("test", b.eval_loaders["test"], b.test_targets))
+        m = evaluate(method, {"test": loader}, targets, b.eval_cfg, gather=b.gather, predict=method.monitor)
         keys = ("accuracy", "nll", "ece")
         return {f"{name}/{k}": m[k] for k in keys}
 
-    trainer.fit(method, flatness, backprop, train_loader, sampler, bundle.train,
-                evaluate_epoch=evaluate_epoch if tc.eval_every else None, generator=generator)
+    trainer.fit(method, b.flatness, b.backprop, b.train_loader, b.sampler, b.bundle.train,
+                evaluate_epoch=evaluate_epoch if tc.eval_every else None, generator=b.generator)
 
     # ---------------------------------------------------------------- final evaluation
-    metrics = evaluate(method, eval_loaders, test_targets, eval_cfg, gather=gather, keep_predictive=True,
-                       shift_targets=shift_targets)
-    predictive = metrics.pop("_predictive")
+    metrics, predictive = final_evaluate(b)
     results = None
     if info.is_main:
-        meta = {
-            "dataset": cfg.dataset.name, "model": _model_name(cfg), "method": method.describe(),
-            "flatness": flatness.describe(), "seed": cfg.seed, "epochs": total_epochs,
-            "budget": {"epochs": total_epochs, "steps": trainer.global_step, "steps_per_epoch": steps_per_epoch,
-                       "train_size": len(bundle.train), "test_size": len(bundle.test),
-                       "global_batch": tc.batch_size, "world_size": info.world_size,
-                       "precision": tc.precision},
-            "metric_conventions": {"ece_bins": eval_cfg.ece_bins, "ece_binning": eval_cfg.ece_binning,
-                                   "ece_edges": eval_cfg.ece_edges, "auroc_misclassification":
-                                   f"positives = correct, score = {eval_cfg.misclass_score}",
-                                   "auroc_ood": f"positives = in-distribution, score = {eval_cfg.ood_score}",
-                                   "nll": "-log mean_k p_k(y|x), mean over examples"},
-            "hardware": hardware(device, info.world_size), "git": git_commit(),
-            "train_seconds": trainer.elapsed, "wall_seconds": time.perf_counter() - t_start,
-            "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "overrides": _overrides(), "run_dir": str(run_dir),
-            "paper_reproduction": False,
-        }
+        meta = results_meta(b, steps=trainer.global_step, train_seconds=trainer.elapsed,
+                            wall_seconds=time.perf_counter() - t_start, overrides=_overrides(),
+                            model_name=_model_name(cfg), run_dir=run_dir)
         results = {"metrics": metrics, "meta": meta}
         write_json(run_dir / "results.json", results)
         for lg in trainer.loggers:
             lg.log_results(results)
             lg.finish()
         if tc.reliability_diagram:
-            _reliability(predictive["test"].exp(), test_targets, run_dir / "reliability.png", eval_cfg.ece_bins)
+            _reliability(predictive["test"].exp(), b.test_targets, run_dir / "reliability.png", b.eval_cfg.ece_bins)
     D.barrier(info)
     D.cleanup(info)
     return results
@@ -229,4 +436,4 @@ def _reliability(probs, targets, path, n_bins):
         print(f"reliability diagram skipped: {e}", file=sys.stderr)
 
 
-__all__ = ["run"]
+__all__ = ["Built", "InitWeights", "build", "final_evaluate", "results_meta", "run"]

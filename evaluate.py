@@ -1,0 +1,236 @@
+#!/usr/bin/env python
+"""Re-evaluate a FINISHED run with the one evaluation routine, without retraining.
+
+    python evaluate.py run=outputs/2026-01-01/12-00-00-000000 method.num_samples=8
+    python evaluate.py run=RUN metrics.ece_bins=20 eval.name=ece20
+    python evaluate.py run=RUN dataset.shift_root=/data/CIFAR-10-C trainer.device=cpu
+
+Loads the run's resolved config (``RUN/.hydra/config.yaml``), applies the overrides -- evaluation-side
+keys only (``EVAL_KEYS`` below: predictive-only method keys such as ``method.num_samples`` /
+``method.scale``, ``metrics.*``, the test / OOD / shifted test sets, eval batch size, device); a key
+that shapes the trained weights (``optimizer.lr``, ``model.*``, ``seed``, ``trainer.epochs``, ...) is
+refused -- rebuilds data, model and method with train.py's builder (``flatbnn.engine.run.build``),
+restores the method from ``RUN/checkpoints/last.pt`` (which must be the final one) and writes
+``RUN/eval/<name>/results.json``: train.py's structure plus ``meta.evaluated_from`` (run, checkpoint,
+overrides). ``<name>`` is ``eval.name=...``, else a short hash of the overrides (``default`` without
+any). The run's own results.json is never touched. With no overrides the metrics equal the run's.
+Errors are one line, exit status 2.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+from flatbnn.cli import EXIT_CONFIG, one_line_error
+
+#: keys that change only how the trained weights are evaluated (fnmatch patterns on the dotted key)
+EVAL_KEYS = (
+    # predictive-only method keys: how many / how wide posterior samples, their seed, BN refresh
+    "method.num_samples", "method.scale", "method.eval_seed", "method.bn_refresh", "method.bn_refresh_fraction",
+    "metrics", "metrics.*",
+    # which test sets (and where the data live)
+    "dataset.test_subset", "dataset.shift_*", "dataset.ood", "dataset.ood_*", "dataset.ood_roots.*",
+    "dataset.corruptions", "dataset.severities",  # dataset=cifar10_c: its test sets
+    "dataset.root", "dataset.clean_root", "dataset.cache_dir",
+    "trainer.eval_batch_size", "trainer.device", "trainer.num_workers", "trainer.reliability_diagram",
+    "trainer.progress",
+)
+
+
+class EvalError(ValueError):
+    """A usage error: one line, exit status 2."""
+
+
+def is_eval_key(key: str) -> bool:
+    return any(fnmatch.fnmatchcase(key, pattern) for pattern in EVAL_KEYS)
+
+
+def split_args(argv: list[str]) -> tuple[Path, str | None, list[str]]:
+    run, name, rest = None, None, []
+    for arg in argv:
+        if arg.startswith("run="):
+            run = arg[len("run="):]
+        elif arg.startswith("eval.name="):
+            name = arg[len("eval.name="):]
+        elif arg.startswith("-"):
+            raise EvalError(f"unknown option {arg}: evaluate.py takes run=<run dir> [key=value ...] (see --help)")
+        else:
+            rest.append(arg)
+    if not run:
+        raise EvalError("name the finished run to evaluate: python evaluate.py run=<run dir> [key=value ...]")
+    if name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}", name):
+        raise EvalError(f"eval.name={name!r}: use letters, digits and . _ = + - (it names a directory under eval/)")
+    return Path(run).expanduser().absolute(), name, rest
+
+
+def _plain(value):
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
+
+
+def apply_overrides(cfg, args: list[str]) -> list[str]:
+    """Apply ``key=value`` overrides (Hydra's grammar) to ``cfg`` in place; returns those that change
+    evaluation settings. Unknown keys and training-side changes raise :class:`EvalError`."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+    from hydra.errors import HydraException
+    from omegaconf import DictConfig, OmegaConf
+
+    try:
+        overrides = OverridesParser.create().parse_overrides(args)
+    except HydraException as e:
+        raise EvalError(" ".join(str(e).split())) from None
+    applied = []
+    for o in overrides:
+        key = o.key_or_group
+        if o.package:
+            raise EvalError(f"{o.input_line}: package overrides (@) are not evaluation settings")
+        if o.is_sweep_override():
+            raise EvalError(f"{o.input_line}: one value per key (evaluate.py is no sweep; loop in the shell)")
+        if o.type == OverrideType.DEL:
+            raise EvalError(f"{o.input_line}: deleting keys is not an evaluation setting")
+        parent_key, _, leaf = key.rpartition(".")
+        parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+        exists = isinstance(parent, DictConfig) and leaf in parent
+        if not exists and (o.type == OverrideType.CHANGE or not key.startswith("dataset.")):
+            # adding is for data-set keys a run from an older config lacks (e.g. +dataset.shift_root=...)
+            raise EvalError(f"unknown key {key}: not in the run's config ({'a new data-set key needs +' + key + '=...' if key.startswith('dataset.') else 'check the spelling'})")
+        value = o.value()
+        if exists:
+            try:
+                current = _plain(OmegaConf.select(cfg, key))
+            except Exception:  # an unresolvable interpolation: treat as different
+                current = object()
+            if current == value:
+                continue  # no change: accepted for any key (e.g. a full command line pasted back)
+        if not is_eval_key(key):
+            raise EvalError(f"{key}: refusing a change that would alter the trained weights (evaluate.py re-evaluates "
+                            f"them; train a new run for {o.input_line}); evaluation-side keys: {', '.join(EVAL_KEYS)}")
+        OmegaConf.update(cfg, key, value, merge=True, force_add=o.type != OverrideType.CHANGE)
+        applied.append(o.input_line)
+    return applied
+
+
+def eval_name(applied: list[str]) -> str:
+    if not applied:
+        return "default"
+    return hashlib.sha1("\n".join(sorted(applied)).encode()).hexdigest()[:8]
+
+
+def _run_info(run: Path, cfg) -> tuple[str, list]:
+    """(model name, training overrides) as train.py recorded them."""
+    from omegaconf import OmegaConf
+
+    model, overrides = None, None
+    res = run / "results.json"
+    if res.exists():
+        try:
+            meta = json.loads(res.read_text())["meta"]
+            model, overrides = meta.get("model"), meta.get("overrides")
+        except (OSError, ValueError, KeyError):
+            pass
+    if model is None and (run / ".hydra" / "hydra.yaml").exists():
+        try:
+            model = OmegaConf.load(run / ".hydra" / "hydra.yaml").hydra.runtime.choices.get("model")
+        except Exception:
+            model = None
+    if overrides is None and (run / ".hydra" / "overrides.yaml").exists():
+        overrides = list(OmegaConf.load(run / ".hydra" / "overrides.yaml"))
+    return model or cfg.model.get("name", "unknown"), overrides or []
+
+
+def _init_from(run: Path, cfg) -> dict | None:
+    """The trained run's ``meta.init_from`` (its results.json, else its config)."""
+    try:
+        return json.loads((run / "results.json").read_text())["meta"]["init_from"]
+    except (OSError, ValueError, KeyError):
+        init = cfg.trainer.get("init_from")
+        return None if init in (None, "") else {"path": str(init), "key": cfg.trainer.get("init_key")}
+
+
+def evaluate_run(run: Path, args: list[str], name: str | None = None) -> dict | None:
+    """Re-evaluate the finished run ``run`` under the overrides ``args``; returns the results (rank 0)."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from flatbnn.engine import distributed as D
+    from flatbnn.engine.backprop import set_global_rng_state
+    from flatbnn.engine.checkpoint import load_checkpoint, write_json
+    from flatbnn.engine.run import _reliability, build, final_evaluate, results_meta
+
+    t0 = time.perf_counter()
+    config = run / ".hydra" / "config.yaml"
+    ckpt_path = run / "checkpoints" / "last.pt"
+    if not config.exists():
+        raise EvalError(f"run={run}: no .hydra/config.yaml (not a train.py run directory)")
+    if not ckpt_path.exists():
+        raise EvalError(f"run={run}: no checkpoints/last.pt (was it trained with trainer.checkpoint_every=0?)")
+    cfg = OmegaConf.load(config)
+    applied = apply_overrides(cfg, args)
+    name = name or eval_name(applied)
+    out = run / "eval" / name
+
+    state = load_checkpoint(ckpt_path)
+    total = int(cfg.trainer.epochs) * int(getattr(instantiate(cfg.method), "epoch_multiplier", 1))
+    if state["epoch"] != total or state.get("step_in_epoch", 0):
+        raise EvalError(f"run={run} is unfinished: its checkpoint is at epoch {state['epoch']}"
+                        f"{', step ' + str(state['step_in_epoch']) if state.get('step_in_epoch') else ''} of {total}; "
+                        f"finish it first (rerun its train.py command: it resumes)")
+
+    b = build(cfg, run_dir=out, training=False)
+    b.method.load_state_dict(state["method"])
+    # the RNG streams as they stood after training, where train.py's final evaluation began
+    rng = state["rng"][0]
+    set_global_rng_state(rng["global"])
+    if rng.get("generator") is not None:
+        try:
+            b.generator.set_state(rng["generator"])
+        except (RuntimeError, TypeError):  # trained on another device type: its stream cannot be carried over
+            pass
+    metrics, predictive = final_evaluate(b)
+    results = None
+    if b.info.is_main:
+        model_name, train_overrides = _run_info(run, cfg)
+        meta = results_meta(b, steps=state["global_step"], train_seconds=state["elapsed"],
+                            wall_seconds=time.perf_counter() - t0, overrides=train_overrides,
+                            model_name=model_name, run_dir=run, world_size=state.get("world_size", 1))
+        meta["init_from"] = _init_from(run, cfg)
+        meta["evaluated_from"] = {"run_dir": str(run), "checkpoint": str(ckpt_path), "epoch": state["epoch"],
+                                  "global_step": state["global_step"], "name": name, "overrides": applied,
+                                  "out_dir": str(out)}
+        results = {"metrics": metrics, "meta": meta}
+        write_json(out / "results.json", results)
+        if cfg.trainer.get("reliability_diagram", False):
+            _reliability(predictive["test"].exp(), b.test_targets, out / "reliability.png", b.eval_cfg.ece_bins)
+        shown = {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float) and k != "eval_seconds"}
+        print(f"{out / 'results.json'}: num_samples={metrics['num_samples']} {shown}")
+    D.barrier(b.info)
+    D.cleanup(b.info)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return 0
+    try:
+        run, name, rest = split_args(argv)
+        evaluate_run(run, rest, name)
+    except Exception as e:  # known, actionable errors become one line; anything else keeps its traceback
+        msg = one_line_error(e)
+        if msg is None:
+            raise
+        print(f"flatbnn: error: {msg}", file=sys.stderr)
+        return EXIT_CONFIG
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -59,6 +59,32 @@ reproduce-fsam-sweep: setup
 	$(PY) scripts/sweep_heatmap.py $(SWEEP_DIR) --x flatness.rho --y flatness.eta --metric nll \
 		--out results/fsam_sweep/nll.png
 
+# ---------------------------------------------------------------------------- paper rows (docs/reproduce.md)
+#   make reproduce-<row> SCALE=smoke|cpu|paper [ARGS="dataset.root=..."] [LAUNCHER=submitit_slurm]
+#   make reproduce-all SCALE=smoke            (CI) every row, then results/STATUS.md
+#   make compare-<row> SCALE=cpu              rerender the comparison from whatever runs exist
+#   make status                               regenerate results/STATUS.md
+SCALE    ?= smoke
+ARGS     ?=
+LAUNCHER ?=
+REPRO_FLAGS = --scale $(SCALE) $(if $(LAUNCHER),--launcher $(LAUNCHER))
+
+.PHONY: reproduce-all status rows-check
+reproduce-all: setup
+	$(PY) scripts/reproduce.py all $(REPRO_FLAGS) -- $(ARGS)
+
+reproduce-%: setup
+	$(PY) scripts/reproduce.py run $* $(REPRO_FLAGS) -- $(ARGS)
+
+compare-%: setup
+	$(PY) scripts/reproduce.py compare $* --scale $(SCALE)
+
+status: setup
+	$(PY) scripts/reproduce.py status
+
+rows-check: setup
+	$(PY) scripts/reproduce.py check
+
 # 2-D toy reproductions (exact problems, CPU, < 1 min each)
 .PHONY: reproduce-fsam-toy reproduce-vsam-fig1
 reproduce-fsam-toy: setup

@@ -17,7 +17,7 @@ def _options(group):
 
 
 def test_every_config_file_is_covered():
-    covered = set(GROUPS) | {"experiment", "dataset_model"}
+    covered = set(GROUPS) | {"experiment", "dataset_model", "paper", "paper_method"}
     groups = {p.parent.name for p in CONFIGS.rglob("*.yaml") if p.parent != CONFIGS}
     assert groups <= covered, groups - covered
 
@@ -46,6 +46,34 @@ def test_dataset_model_pair_composes_when_both_selected(name):
     for key in ("trainer", "optimizer"):
         for k, v in (delta.get(key) or {}).items():
             assert base[key][k] == v, f"{name}: {key}.{k} not applied"
+
+
+@pytest.mark.parametrize("name", _options("paper_method"))
+def test_paper_method_applies_to_its_method_only_when_its_paper_is_chosen(name):
+    """paper_method/<paper>_<method>.yaml names an existing paper and method, its keys reach that method when
+    both are selected, and they do not leak into the method without the paper."""
+    pairs = [(p, name[len(p) + 1:]) for p in _options("paper") if name.startswith(p + "_")]
+    pairs = [(p, m) for p, m in pairs if m in _options("method")]
+    assert pairs, f"paper_method/{name}.yaml does not name an existing <paper>_<method> pair"
+    paper, method = pairs[0]
+    with_paper = compose_cfg([f"paper={paper}", f"method={method}"])
+    without = compose_cfg([f"method={method}"])
+    delta = OmegaConf.to_container(compose_cfg([f"paper={paper}", f"method={method}"]).method)
+    instantiate(with_paper.method)  # only keys the method takes
+    changed = {k for k, v in delta.items() if without.method.get(k) != v}
+    own = OmegaConf.load(CONFIGS / "paper_method" / f"{name}.yaml")
+    keys = {k for k in own if k != "defaults"}
+    assert changed <= _paper_method_keys(name)
+    assert all(with_paper.method[k] == own[k] for k in keys)
+
+
+def _paper_method_keys(name):
+    own = OmegaConf.load(CONFIGS / "paper_method" / f"{name}.yaml")
+    keys = {k for k in own if k != "defaults"}
+    for d in own.get("defaults", []):
+        if isinstance(d, str) and d != "_self_":
+            keys |= _paper_method_keys(d)
+    return keys
 
 
 @pytest.mark.parametrize("name", _options("experiment"))

@@ -1,0 +1,324 @@
+"""Ours vs the paper, cell by cell: value, delta, seeds, budget, commit -> Markdown (+ JSON for the status board).
+
+At ``paper`` scale each cell gets a verdict: within the paper's reported spread (|ours - paper| <= 2 sqrt(s_p^2 +
+s_o^2), the seed std of each side) or not; a cell without a printed spread gets none. Below paper scale absolute
+numbers are not comparable (smaller data, net and budget), so only the DIRECTION is checked: for each pair of the
+spec's ``compare.pairs`` (e.g. F-SWAG vs SWAG), is the first better than the second on each metric -- in the paper
+and in ours. Can be rerun at any time on partial results: finished cells are shown, the rest marked.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import shutil
+import statistics
+from datetime import datetime, timezone
+from pathlib import Path
+
+from flatbnn.reproduce.launch import OUTPUT_ROOT, job_state, run_dir
+from flatbnn.reproduce.spec import REPO, Row
+
+RESULTS_ROOT = REPO / "results" / "reproduce"
+# paper metric name -> where it lives in our results.json "metrics" (dotted path)
+METRIC_PATHS = {"accuracy": "accuracy", "acc": "accuracy", "top1": "accuracy", "nll": "nll", "ece": "ece",
+                "brier": "brier", "auroc": "auroc_misclassification", "top5": "top5_accuracy",
+                "error": "accuracy"}
+NOT_AT_SCALE = "not run at this scale"
+SCALE_BANNER = {
+    "smoke": "SMOKE run: a few steps on fake data; checks that the row's configs run, nothing about its numbers.",
+    "cpu": "CPU-budget run (reduced data, network and epochs; see Budget): NOT a paper reproduction. Absolute "
+           "numbers are not comparable with the paper's; only the direction of each F-vs-base pair is checked.",
+    "paper": "Paper-scale run (the paper's protocol): each cell is checked against the paper's spread.",
+}
+
+
+def _get(d: dict, dotted: str):
+    for part in dotted.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return None
+        d = d[part]
+    return d
+
+
+def _to_paper_unit(value: float, metric: str, unit: str | None) -> float:
+    if value is None:
+        return None
+    if metric == "error":  # printed as error %, ours is accuracy
+        return 100.0 * (1.0 - value) if unit == "percent" else 1.0 - value
+    return 100.0 * value if unit == "percent" else value
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def collect(row: Row, scale: str, out: Path | None = None) -> dict:
+    """Our runs of ``row`` at ``scale``: per cell the seeds' results.json (and the states of missing jobs)."""
+    out = Path(out or OUTPUT_ROOT / row.row / scale)
+    cells = {}
+    for cell in row.cells_for(scale):
+        runs, states = [], {}
+        for seed in cell.seeds:
+            state, detail = job_state(out, cell.id, seed)
+            states[seed] = (state, detail)
+            if state == "done":
+                runs.append(json.loads((run_dir(out, cell.id, seed) / "results.json").read_text()))
+        cells[cell.id] = {"runs": runs, "states": states, "blocked": cell.blocked}
+    return {"out": str(out), "cells": cells}
+
+
+def _paper_to_ours(row: Row, paper_cell: str, metric: str, scale: str = "paper") -> tuple[str, str]:
+    """(our cell id, dotted metrics path) for a paper cell: identity, unless the spec's ``compare.join`` maps it
+    (e.g. FlatBNN T5: paper cell ``noise/swag`` -> our cell ``swag``, metrics ``shift.per_group.noise``)."""
+    join = (row.compare or {}).get("join")
+    path = METRIC_PATHS.get(metric, metric)
+    if not join:
+        return paper_cell, path
+    pd_axes = join.get("paper_axes") or []
+    fields = dict(zip(pd_axes, paper_cell.split("/")))
+    template = join["cell"]
+    if isinstance(template, dict):  # per scale (e.g. the cpu scale runs another column)
+        template = template.get(scale) or template.get("default")
+    ours = template.format(**fields)
+    prefix = None
+    for pattern, template in (join.get("metrics") or {}).items():
+        if fnmatch.fnmatchcase(paper_cell, pattern):
+            prefix = template.format(**fields)
+            break
+    return ours, (f"{prefix}.{path}" if prefix else path)
+
+
+def _stats(values: list) -> dict:
+    finite = [v for v in values if _finite(v)]
+    n_bad = len(values) - len(finite)
+    if not finite:
+        return {"mean": None, "std": None, "n": 0, "nonfinite": n_bad}
+    return {"mean": statistics.fmean(finite), "std": statistics.stdev(finite) if len(finite) > 1 else None,
+            "n": len(finite), "nonfinite": n_bad}
+
+
+def build(row: Row, scale: str, out: Path | None = None) -> dict:
+    pd = row.paper_data() or {"cells": [], "metrics": {}}
+    ours = collect(row, scale, out)
+    metrics = pd.get("metrics") or {}
+    table = []
+    for pc in pd.get("cells") or []:
+        for metric, spec in metrics.items():
+            printed = pc.get(metric)
+            if not isinstance(printed, dict) or printed.get("mean") is None:
+                continue
+            our_cell, path = _paper_to_ours(row, pc["cell"], metric, scale)
+            entry = ours["cells"].get(our_cell)
+            values = [_to_paper_unit(_get(r["metrics"], path), metric, spec.get("unit")) if _finite(
+                _get(r["metrics"], path)) else _get(r["metrics"], path) for r in (entry or {}).get("runs", [])]
+            st = _stats(values)
+            rec = {"cell": pc["cell"], "our_cell": our_cell, "metric": metric, "unit": spec.get("unit"),
+                   "better": spec.get("better"), "paper_mean": printed.get("mean"), "paper_std": printed.get("std"),
+                   **{f"ours_{k}": v for k, v in st.items()}, "flags": pc.get("flags") or []}
+            if entry is None:
+                rec["state"] = NOT_AT_SCALE
+            elif entry["blocked"]:
+                rec["state"] = f"blocked: {entry['blocked']}"
+            elif st["n"] == 0:
+                states = sorted({s for s, _ in entry["states"].values()})
+                rec["state"] = "/".join(states)
+            else:
+                rec["state"] = "done" if st["n"] == len(entry["states"]) else f"{st['n']}/{len(entry['states'])} seeds"
+            if st["mean"] is not None:
+                rec["delta"] = st["mean"] - float(printed["mean"])
+                if scale == "paper":
+                    rec["verdict"] = _verdict(rec)
+            table.append(rec)
+    direction = _directions(row, table) if scale != "smoke" else []
+    runs = [r for c in ours["cells"].values() for r in c["runs"]]
+    script = None
+    launch_file = Path(ours["out"]) / "launch.json"
+    if row.kind == "script" and launch_file.exists():
+        script = json.loads(launch_file.read_text())
+    return {"script": script, "row": row.row, "paper": row.paper, "title": row.title, "scale": scale, "out": ours["out"],
+            "table": table, "direction": direction, "budget": _budget(row, scale, runs),
+            "jobs": {cid: {str(s): st for s, (st, _) in c["states"].items()} for cid, c in ours["cells"].items()},
+            "failed": {f"{cid}/seed{s}": d for cid, c in ours["cells"].items() for s, (st, d) in c["states"].items()
+                       if st == "failed"},
+            "blocked": {cid: c["blocked"] for cid, c in ours["cells"].items() if c["blocked"]},
+            "provenance": pd.get("provenance"), "paper_source": pd.get("source"),
+            "paper_conventions": pd.get("conventions"), "paper_notes": pd.get("notes") or [],
+            "figure": pd.get("figure"), "available": pd.get("available", True),
+            "choices": row.choices or {},
+            "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def _verdict(rec: dict) -> str:
+    if rec["paper_std"] is None:
+        return "no spread printed"
+    spread = 2.0 * math.sqrt(float(rec["paper_std"]) ** 2 + (rec["ours_std"] or 0.0) ** 2)
+    return "within" if abs(rec["delta"]) <= spread else "outside"
+
+
+def _directions(row: Row, table: list[dict]) -> list[dict]:
+    """F-vs-base direction per pair and metric, in the paper and in ours."""
+    pairs = (row.compare or {}).get("pairs") or {}
+    axis = (row.compare or {}).get("pair_axis")
+    pd_axes = ((row.compare or {}).get("join") or {}).get("paper_axes") or row.axes
+    if not pairs or axis not in pd_axes:
+        return []
+    k = pd_axes.index(axis)
+    by = {(r["cell"], r["metric"]): r for r in table}
+    out = []
+    for r in table:
+        parts = r["cell"].split("/")
+        if parts[k] not in pairs:
+            continue
+        base_parts = list(parts)
+        base_parts[k] = pairs[parts[k]]
+        b = by.get(("/".join(base_parts), r["metric"]))
+        if b is None or NOT_AT_SCALE in (r["state"], b["state"]):
+            continue
+        sign = 1.0 if r["better"] == "higher" else -1.0
+
+        def better(x, y):
+            if x is None or y is None:
+                return None
+            return "tie" if x == y else ("yes" if sign * (x - y) > 0 else "no")
+
+        paper = better(r["paper_mean"], b["paper_mean"])
+        ours = better(r["ours_mean"], b["ours_mean"])
+        out.append({"cell": r["cell"], "vs": "/".join(base_parts), "metric": r["metric"], "paper_better": paper,
+                    "ours_better": ours, "agree": None if ours is None or paper is None else ours == paper,
+                    "ours": (r["ours_mean"], b["ours_mean"]), "paper": (r["paper_mean"], b["paper_mean"])})
+    return out
+
+
+def _budget(row: Row, scale: str, runs: list[dict]) -> dict:
+    if not runs:
+        return {"scale": scale, "runs": 0, "note": (row.scale(scale) or {}).get("budget")}
+    meta = [r["meta"] for r in runs]
+    b = meta[0]["budget"]
+    hw = meta[0]["hardware"]
+    commits = sorted({m["git"]["commit"][:8] + ("+dirty" if m["git"].get("dirty") else "") for m in meta})
+    epochs = sorted({m["budget"]["epochs"] for m in meta})
+    train = sorted({m["budget"]["train_size"] for m in meta})
+    return {"scale": scale, "runs": len(runs), "note": (row.scale(scale) or {}).get("budget"),
+            "datasets": sorted({m["dataset"] for m in meta}), "models": sorted({m["model"] for m in meta}),
+            "epochs": epochs, "train_size": train, "test_size": sorted({m["budget"]["test_size"] for m in meta}),
+            "global_batch": sorted({m["budget"]["global_batch"] for m in meta}),
+            "seeds": sorted({m["seed"] for m in meta}),
+            "hardware": sorted({f"{h.get('world_size', 1)}x {h.get('gpu') or h.get('cpu')} ({h.get('cpu_count')} "
+                                f"cpus), torch {h.get('torch')}" for h in (m["hardware"] for m in meta)}),
+            "precision": sorted({m["budget"].get("precision", "fp32") for m in meta}),
+            "commits": commits, "train_hours": round(sum(m.get("train_seconds", 0) for m in meta) / 3600, 3),
+            "metric_conventions": meta[0].get("metric_conventions"), "first": b, "hw": hw}
+
+
+def _fmt(v, std=None, n=None, unit=None) -> str:
+    if v is None:
+        return "–"
+    digits = 2 if unit == "percent" else 4
+    s = f"{v:.{digits}f}"
+    if std is not None:
+        s += f" ± {std:.{digits}f}"
+    if n is not None:
+        s += f" (n={n})"
+    return s
+
+
+def to_markdown(c: dict) -> str:
+    b = c["budget"]
+    lines = [f"<!-- generated by scripts/reproduce.py compare {c['row']} --scale {c['scale']}; do not edit -->",
+             f"# {c['title']}", "", f"**Scale: {c['scale']}.** {SCALE_BANNER[c['scale']]}", "",
+             f"Paper numbers: `results/paper/{c['row']}.yaml` ({c['paper']}, {c.get('paper_source') or '?'}, "
+             f"provenance: {c.get('provenance') or '?'}). Spec: `rows/{c['row']}.yaml`."]
+    if c["provenance"] == "author_readme":
+        lines += ["", "> The paper's own table numbers were lost in our copy of the text: the numbers below are the "
+                      "authors' README rows (REFERENCE.md), not the paper's table."]
+    if not c["available"]:
+        lines += ["", "> This table is not in our copy of the paper (see the paper file's notes): nothing to compare."]
+    lines += ["", "## Budget", ""]
+    if b.get("runs"):
+        lines += [f"- runs: {b['runs']} finished; seeds {b['seeds']}; datasets {b['datasets']}; models {b['models']}",
+                  f"- epochs {b['epochs']}, train size {b['train_size']}, test size {b['test_size']}, "
+                  f"global batch {b['global_batch']}, precision {b['precision']}",
+                  f"- hardware: {'; '.join(b['hardware'])}; train time {b['train_hours']} h in total",
+                  f"- commit(s): {', '.join(b['commits'])}"]
+    elif c.get("script"):
+        sc = c["script"]
+        git = sc.get("git") or {}
+        lines.append(f"- script: `{sc.get('command')}` (exit {sc.get('returncode')}, {sc.get('seconds')} s) @ "
+                     f"{str(git.get('commit', '?'))[:8]}{'+dirty' if git.get('dirty') else ''}")
+        lines.append("- it analyses other rows' finished runs at this scale: their budgets are in their comparisons")
+    else:
+        lines.append("- no finished runs yet")
+    if b.get("note"):
+        lines.append(f"- stated budget: {b['note']}")
+    conv = (b.get("metric_conventions") or {}) if b.get("runs") else {}
+    if conv or c.get("paper_conventions"):
+        ours = (f"ECE {conv.get('ece_bins')} bins, {conv.get('ece_binning')}, edges {conv.get('ece_edges')}"
+                if conv else "see the analysed runs")
+        lines += [f"- metric conventions, ours: {ours}; paper: {c.get('paper_conventions') or 'not stated'}"]
+    if c["choices"]:
+        lines += ["", "## Our choices where the paper is silent", ""]
+        lines += [f"- `{k}`: {v}" for k, v in c["choices"].items()]
+    if c["table"]:
+        head = "| cell | metric | paper | ours (mean ± std over seeds, ddof 1) | Δ | state |"
+        if c["scale"] == "paper":
+            head = head[:-1] + " verdict (±2σ) |"
+        lines += ["", "## Cells", "", head, "|" + "---|" * (head.count("|") - 1)]
+        skipped = sorted({r["cell"] for r in c["table"] if r["state"] == NOT_AT_SCALE})
+        for r in (r for r in c["table"] if r["state"] != NOT_AT_SCALE):
+            cells = [f"`{r['cell']}`", r["metric"] + (f" ({r['unit']})" if r["unit"] else ""),
+                     _fmt(r["paper_mean"], r["paper_std"], unit=r["unit"]),
+                     _fmt(r["ours_mean"], r["ours_std"], r["ours_n"] or None, r["unit"]) +
+                     (f" [{r['ours_nonfinite']} non-finite]" if r["ours_nonfinite"] else ""),
+                     _fmt(r.get("delta"), unit=r["unit"]), r["state"] + (" ⚑" if r["flags"] else "")]
+            if c["scale"] == "paper":
+                cells.append(r.get("verdict", "–"))
+            lines.append("| " + " | ".join(cells) + " |")
+        if skipped:
+            lines += ["", f"{len(skipped)} paper cells are not part of this scale: " + ", ".join(f"`{x}`" for x in skipped)]
+        if any(r["flags"] for r in c["table"]):
+            lines += ["", "⚑ = the paper's cell is flagged in `results/paper/" + c["row"] + ".yaml` (ambiguous text)."]
+    if c["direction"]:
+        agree = [d for d in c["direction"] if d["agree"] is not None]
+        n_ok = sum(d["agree"] for d in agree)
+        lines += ["", "## Direction: is the first method better than its base?", "",
+                  f"Ours agrees with the paper on {n_ok} of {len(agree)} comparisons "
+                  f"(pending: {len(c['direction']) - len(agree)}).", "",
+                  "| method | vs | metric | paper | ours | agree |", "|---|---|---|---|---|---|"]
+        for d in c["direction"]:
+            mark = {True: "yes", False: "**no**", None: "–"}[d["agree"]]
+            lines.append(f"| `{d['cell']}` | `{d['vs']}` | {d['metric']} | {d['paper_better'] or '–'} "
+                         f"({_fmt(d['paper'][0])} vs {_fmt(d['paper'][1])}) | {d['ours_better'] or '–'} "
+                         f"({_fmt(d['ours'][0])} vs {_fmt(d['ours'][1])}) | {mark} |")
+    if c.get("figure"):
+        fig = c["figure"]
+        lines += ["", "## The paper's figure", "", f"- shows: {fig.get('shows', '')}",
+                  f"- the paper's reading: {fig.get('claim', '')}"]
+    figs = c.get("figures") or []
+    if figs:
+        lines += ["", "## Our figures", ""] + [f"![{Path(f).stem}]({Path(f).name})" for f in figs]
+    if c["failed"] or c["blocked"]:
+        lines += ["", "## Not run", ""]
+        lines += [f"- FAILED `{k}`: {v}" for k, v in c["failed"].items()]
+        lines += [f"- blocked `{k}`: {v}" for k, v in c["blocked"].items()]
+    if c["paper_notes"]:
+        lines += ["", "<details><summary>Notes on the paper's table</summary>", ""]
+        lines += [f"- {n}" for n in c["paper_notes"]] + ["", "</details>"]
+    return "\n".join(lines) + "\n"
+
+
+def write_comparison(row: Row, scale: str, out: Path | None = None, dest: Path | None = None) -> Path:
+    """Write ``results/reproduce/<row>/<scale>.json`` (always) and ``<scale>.md`` (not for smoke), with the
+    figures the row's analysis produced copied beside the Markdown."""
+    c = build(row, scale, out)
+    dest = Path(dest or RESULTS_ROOT / row.row)
+    dest.mkdir(parents=True, exist_ok=True)
+    pngs = sorted(Path(c["out"]).glob("*.png")) if Path(c["out"]).exists() else []
+    if scale != "smoke":
+        for p in pngs:
+            shutil.copyfile(p, dest / f"{scale}_{p.name}")
+        c["figures"] = [str(dest / f"{scale}_{p.name}") for p in pngs]
+        (dest / f"{scale}.md").write_text(to_markdown(c))
+    (dest / f"{scale}.json").write_text(json.dumps(c, indent=1, default=str))
+    return dest / (f"{scale}.md" if scale != "smoke" else f"{scale}.json")

@@ -1,0 +1,275 @@
+"""Launch a paper row: every cell x seed as ONE Hydra multirun of train.py.
+
+Each (cell, seed) becomes a small generated config ``cell/<cell>__s<seed>.yaml`` (``# @package _global_``: the
+cell's group choices as ``override /group: option`` defaults, its values below), placed on Hydra's search path;
+the row is then ``train.py --multirun +cell=<a>,<b>,...``: a Hydra launcher (basic, joblib, submitit/SLURM) sees
+one sweep, i.e. one job array on a cluster. Runs land in ``<out>/<cell>/seed<k>/``; a (cell, seed) whose
+results.json already exists is skipped, and an interrupted one resumes from its checkpoint, so rerunning the
+same command after a preemption finishes the row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from flatbnn.reproduce.spec import REPO, Cell, Row, SpecError
+
+CONFIGS = REPO / "configs"
+OUTPUT_ROOT = Path(os.environ.get("FLATBNN_REPRODUCE_DIR", REPO / "outputs" / "reproduce"))
+
+# what the smoke scale adds to every cell (after the row's own smoke overrides): one step on a few fake images
+SMOKE_TRAINER = {"epochs": 1, "limit_train_batches": 1, "batch_size": 2, "eval_batch_size": 2,
+                 "num_workers": 0, "progress": False, "reliability_diagram": False}
+SMOKE_SUBSETS = {"train_subset": 2, "test_subset": 2, "ood_subset": 2}  # images: the paper nets are big on a CPU
+# method keys that would keep a 1-epoch run from producing a posterior (collection / burn-in / sample counts)
+SMOKE_METHOD = {"num_samples": 2, "num_members": 2, "swa_start": 0, "burn_in": 0, "max_samples": 2,
+                "start": 0, "warmup_epochs": 0, "max_rank": 2,
+                "temperature": 1.0e-4}  # SGLD: noise sqrt(2 lr T / N) with N = 2 images would blow the net up
+# the deep CIFAR backbones at their family's smallest depth (same builder, same keys, one block per stage): a smoke
+# step of PyramidNet-272 or WRN-28-10 costs a minute on 2 CPU cores and checks nothing the shallow one does not
+SMOKE_MODEL = {"wrn": {"depth": 10, "widen_factor": 1}, "pyramidnet": {"depth": 11}, "resnext_cifar": {"depth": 11},
+               "resnet_cifar": {"depth": 8}, "preresnet": {"depth": 11}}
+SMOKE_COUNTS = {"num_samples", "num_members", "max_samples", "max_rank", "temperature"}
+
+
+def cell_config_name(cell_id: str, seed: int) -> str:
+    return f"{cell_id.replace('/', '__')}__s{seed}"
+
+
+def run_dir(out: Path, cell_id: str, seed: int) -> Path:
+    return Path(out) / cell_id / f"seed{seed}"
+
+
+def _groups() -> set[str]:
+    return {p.name for p in CONFIGS.iterdir() if p.is_dir()}
+
+
+def overrides_to_config(overrides: list[str]) -> dict:
+    """Hydra override strings -> a ``# @package _global_`` config: group choices become ``override /g: v``
+    defaults, everything else nested values. Later overrides win, as on a command line."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    groups = _groups()
+    defaults: dict[str, str] = {}
+    values: dict = {}
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if o.is_delete() or o.is_sweep_override():
+            raise SpecError(f"override {o.input_line!r}: deletions and sweeps are not allowed in a row spec")
+        key = o.key_or_group
+        if key.startswith("hydra"):
+            raise SpecError(f"override {o.input_line!r}: hydra.* keys belong on the command line, not in a cell")
+        if key in groups and o.package is None:
+            defaults[key] = o.value()
+            continue
+        node = values
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = o.value()
+    cfg = {"defaults": [{f"override /{g}": v} for g, v in defaults.items()] + ["_self_"]}
+    cfg.update(values)
+    return cfg
+
+
+def compose_cell(overrides: list[str]):
+    """The config train.py would run for these overrides (command-line semantics: unknown keys are errors)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def smoke_overrides(cfg, fake_roots: dict[str, Path]) -> list[str]:
+    """The smoke scale's additions for one composed cell: a few steps, fake data in the real layout."""
+    ov = [f"trainer.{k}={v}" for k, v in SMOKE_TRAINER.items()]
+    shrink = SMOKE_MODEL.get(cfg.model.get("name"), {})
+    ov += [f"model.{k}={v}" for k, v in shrink.items() if k in cfg.model and int(cfg.model[k]) > v]
+    if cfg.model.get("name") == "preresnet" and int(cfg.model.depth) >= 44:
+        if cfg.model.get("block") == "auto":
+            ov.append("model.block=bottleneck")  # what "auto" picks at the real depth
+        if cfg.model.get("depth_rule") == "swag_dropout":  # n = (depth - 2) // 6 whatever the block
+            ov[ov.index("model.depth=11")] = "model.depth=8"
+    # only lower a count (MAP insists on one sample; a method predicting with the mean keeps 0/1)
+    ov += [f"method.{k}={v}" for k, v in SMOKE_METHOD.items() if k in cfg.method and not (
+        isinstance(cfg.method[k], (int, float)) and k in SMOKE_COUNTS and cfg.method[k] <= v)]
+    # m-sharpness splits need a batch divisible by m: two chunks of one image
+    ov += [f"{g}.m={min(int(cfg[g].m), 2)}" for g in ("method", "flatness") if cfg[g].get("m") is not None]
+    if "warmup_epochs" in (cfg.get("scheduler") or {}):
+        ov.append("scheduler.warmup_epochs=0")
+    name = cfg.dataset.name
+    if name in fake_roots:
+        ov.append(f"dataset.root={fake_roots[name]}")
+        if name == "imagenet":  # the fake ImageNet tree has a few classes; the head follows dataset.num_classes
+            from flatbnn.data.fake import IN_CLASSES
+            ov.append(f"dataset.num_classes={IN_CLASSES}")
+        if cfg.dataset.get("shift_root"):
+            ov.append(f"dataset.shift_root={fake_roots['cifar10_c']}")
+        for ood in cfg.dataset.get("ood") or []:
+            if ood in fake_roots and "ood_roots" in cfg.dataset:
+                ov.append(f"dataset.ood_roots.{ood}={fake_roots[ood]}")
+        ov += [f"dataset.{k}={v}" for k, v in SMOKE_SUBSETS.items() if k in cfg.dataset]
+        if cfg.dataset.get("val_split"):
+            ov.append("dataset.val_split=1")  # a held-out set of the 2 smoke images
+    return ov
+
+
+def write_cells(row: Row, cells: list[Cell], scale: str, out: Path, extra: list[str],
+                fake_roots: dict[str, Path] | None = None) -> tuple[Path, list[tuple[Cell, int]]]:
+    """Write the generated cell configs under ``out/.hydra_cells/cell/``; returns (search dir, jobs to run)."""
+    search = out / ".hydra_cells"
+    (search / "cell").mkdir(parents=True, exist_ok=True)
+    jobs = []
+    for cell in cells:
+        overrides = list(cell.overrides)
+        if scale == "smoke":
+            overrides += smoke_overrides(compose_cell(overrides + list(extra)), fake_roots or {})
+        for seed in cell.seeds:
+            cfg = overrides_to_config(overrides + [f"seed={seed}"])
+            cfg["reproduce"] = {"row": row.row, "cell": cell.id, "scale": scale}
+            text = "# @package _global_\n# generated by flatbnn.reproduce.launch for " \
+                   f"{row.row} / {cell.id} / seed {seed} ({scale}); do not edit\n" + yaml.safe_dump(cfg, sort_keys=False)
+            (search / "cell" / f"{cell_config_name(cell.id, seed)}.yaml").write_text(text)
+            jobs.append((cell, seed))
+    return search, jobs
+
+
+def job_state(out: Path, cell_id: str, seed: int) -> tuple[str, str]:
+    """(state, detail) of one (cell, seed): done | failed | running-or-interrupted | pending."""
+    d = run_dir(out, cell_id, seed)
+    if (d / "results.json").exists():
+        return "done", ""
+    if (d / "failed.txt").exists():
+        return "failed", (d / "failed.txt").read_text().strip().splitlines()[-1][:300]
+    if (d / "checkpoints" / "last.pt").exists():
+        return "interrupted", "has a checkpoint; rerun to resume"
+    return "pending", ""
+
+
+def multirun_command(search: Path, names: list[str], out: Path, extra: list[str],
+                     launcher: str | None = None) -> list[str]:
+    cmd = [sys.executable, str(REPO / "train.py"), "--multirun",
+           f"hydra.searchpath=[file://{search.resolve()}]",
+           "+cell=" + ",".join(names),
+           f"hydra.sweep.dir={out}",
+           "hydra.sweep.subdir=${reproduce.cell}/seed${seed}"]
+    if launcher:
+        cmd.append(f"hydra/launcher={launcher}")
+    return cmd + list(extra)
+
+
+def _fake_roots(base: Path) -> dict[str, Path]:
+    """The fake data sets of the smoke scale under ``base`` (written once)."""
+    from flatbnn.data.fake import write_all
+
+    if (base / "roots.json").exists():
+        return {k: Path(v) for k, v in json.loads((base / "roots.json").read_text()).items()}
+    roots = write_all(base)
+    (base / "roots.json").write_text(json.dumps({k: str(v) for k, v in roots.items()}))
+    return roots
+
+
+def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = (), launcher: str | None = None,
+           force: bool = False, dry_run: bool = False, cells_glob: str | None = None,
+           fake_data: Path | None = None) -> dict:
+    """Run every unfinished (cell, seed) of ``row`` at ``scale``; returns a summary dict (also written as
+    ``<out>/launch.json``)."""
+    import fnmatch
+
+    out = Path(out or OUTPUT_ROOT / row.row / scale)
+    cells = [c for c in row.cells_for(scale) if cells_glob is None or fnmatch.fnmatchcase(c.id, cells_glob)]
+    runnable = [c for c in cells if not c.blocked]
+    blocked = {c.id: c.blocked for c in cells if c.blocked}
+    fake_roots = _fake_roots(Path(fake_data or out / ".fake_data")) if scale == "smoke" and runnable else None
+    search, jobs = write_cells(row, runnable, scale, out, list(extra), fake_roots)
+    # seed-major order: a row cut short still has every cell at its first seeds (the direction checks need pairs)
+    jobs.sort(key=lambda cs: (cs[0].seeds.index(cs[1]), [c.id for c in runnable].index(cs[0].id)))
+    todo = [(c, s) for c, s in jobs if force or job_state(out, c.id, s)[0] != "done"]
+    for c, s in todo:  # a failure marker from an earlier attempt must not outlive a new one
+        (run_dir(out, c.id, s) / "failed.txt").unlink(missing_ok=True)
+    cmd = multirun_command(search, [cell_config_name(c.id, s) for c, s in todo], out, list(extra), launcher)
+    print(f"reproduce {row.row} ({scale}): {len(jobs)} jobs, {len(jobs) - len(todo)} already done, "
+          f"{len(todo)} to run, {len(blocked)} cells blocked", file=sys.stderr)
+    rc = 0
+    if todo:
+        print("  " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr)
+        if not dry_run:
+            if force:
+                cmd.append("trainer.resume=false")
+            rc = subprocess.call(cmd, cwd=REPO)
+    states = {f"{c.id}/seed{s}": job_state(out, c.id, s) for c, s in jobs}
+    summary = {"row": row.row, "scale": scale, "out": str(out), "returncode": rc, "command": cmd,
+               "jobs": {k: {"state": st, "detail": d} for k, (st, d) in states.items()},
+               "blocked": blocked}
+    if not dry_run:
+        (out / "launch.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def source_cell(row: Row, cell_id: str) -> str:
+    """The trained row's cell an eval row's cell re-evaluates (``eval_from.cell`` formats over our axes)."""
+    template = row.eval_from.get("cell")
+    return template.format(**dict(zip(row.axes, cell_id.split("/")))) if template else cell_id
+
+
+def launch_eval(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = (), force: bool = False,
+                dry_run: bool = False, cells_glob: str | None = None) -> dict:
+    """An eval row: re-evaluate the finished runs of ``eval_from.row`` (same scale) with ``evaluate.py`` (no
+    retraining), e.g. FlatBNN Table 5 = Table 2's SWAG runs on CIFAR-10-C; results land in ``<out>/<cell>/seed<k>``."""
+    import fnmatch
+    import shutil
+
+    out = Path(out or OUTPUT_ROOT / row.row / scale)
+    src_out = Path(row.eval_from.get("out") or OUTPUT_ROOT / row.eval_from["row"] / scale)
+    cells = [c for c in row.cells_for(scale) if cells_glob is None or fnmatch.fnmatchcase(c.id, cells_glob)]
+    blocked = {c.id: c.blocked for c in cells if c.blocked}
+    rc = 0
+    commands = []
+    extra = list(extra)
+    if scale == "smoke":  # the trained smoke runs saw fake CIFAR-10; evaluate them on its fake CIFAR-10-C
+        roots = _fake_roots(out / ".fake_data")
+        from flatbnn.data.fake import C10C_CORRUPTIONS
+        extra += [f"dataset.root={roots['cifar10']}", f"dataset.shift_root={roots['cifar10_c']}",
+                  f"dataset.shift_corruptions=[{','.join(C10C_CORRUPTIONS)}]"]
+    for cell in (c for c in cells if not c.blocked):
+        for seed in cell.seeds:
+            dest = run_dir(out, cell.id, seed)
+            if not force and (dest / "results.json").exists():
+                continue
+            src = run_dir(src_out, source_cell(row, cell.id), seed)
+            if not (src / "results.json").exists():
+                dest.mkdir(parents=True, exist_ok=True)
+                (dest / "failed.txt").write_text(f"source run {src} is not finished: run "
+                                                 f"`scripts/reproduce.py run {row.eval_from['row']} --scale {scale}` first\n")
+                rc = 1
+                continue
+            cmd = [sys.executable, str(REPO / "evaluate.py"), f"run={src}", f"eval.name={row.row}",
+                   *cell.overrides, *extra]
+            commands.append(cmd)
+            print("  " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr)
+            if dry_run:
+                continue
+            dest.mkdir(parents=True, exist_ok=True)
+            (dest / "failed.txt").unlink(missing_ok=True)
+            p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+            if p.returncode != 0:
+                (dest / "failed.txt").write_text(p.stderr[-4000:] + "\n")
+                rc = 1
+                continue
+            shutil.copyfile(src / "eval" / row.row / "results.json", dest / "results.json")
+    jobs = {f"{c.id}/seed{s}": dict(zip(("state", "detail"), job_state(out, c.id, s)))
+            for c in cells if not c.blocked for s in c.seeds}
+    summary = {"row": row.row, "scale": scale, "out": str(out), "returncode": rc, "commands": commands,
+               "jobs": jobs, "blocked": blocked}
+    if not dry_run:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "launch.json").write_text(json.dumps(summary, indent=2))
+    return summary

@@ -1,0 +1,39 @@
+"""Rows that are a reproduction script rather than a grid of train.py cells (2-D toys, benchmarks, analyses).
+
+The spec's ``script: {<scale>: "<shell command with {out}, {python} and {runs} (the reproduction output root,
+where other rows' runs are)>"}``; the command runs from the repository
+root and writes into ``{out}`` = ``outputs/reproduce/<row>/<scale>/`` (committed figures live where the
+spec's ``results:`` note says: ``make reproduce-<toy>`` writes them into ``results/``).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import time
+
+from flatbnn.reproduce.launch import OUTPUT_ROOT
+from flatbnn.reproduce.spec import REPO, Row
+
+
+def run_script_row(row: Row, scale: str, dry_run: bool = False) -> int:
+    template = (row.script or {}).get(scale)
+    if template is None:
+        print(f"reproduce {row.row}: no {scale} script", file=sys.stderr)
+        return 0
+    out = OUTPUT_ROOT / row.row / scale
+    cmd = template.format(out=shlex.quote(str(out)), python=shlex.quote(sys.executable),
+                          runs=shlex.quote(str(OUTPUT_ROOT)))
+    print(f"reproduce {row.row} ({scale}): {cmd}", file=sys.stderr)
+    if dry_run:
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    rc = subprocess.call(cmd, shell=True, cwd=REPO)
+    from flatbnn.engine.provenance import git_commit
+    (out / "launch.json").write_text(json.dumps({"row": row.row, "scale": scale, "command": cmd, "returncode": rc,
+                                                 "seconds": round(time.perf_counter() - t0, 1),
+                                                 "git": git_commit(untracked=True)}, indent=2))
+    return rc

@@ -1,0 +1,210 @@
+"""Row specs (``rows/<row>.yaml``) and the papers' numbers (``results/paper/<row>.yaml``): loading and checks.
+
+A row is one table or figure of a paper; its spec names the cells (axis values -> Hydra overrides), the seeds and
+the overrides of each scale. Schema and conventions: docs/reproduce.md.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+ROWS_DIR = REPO / "rows"
+PAPER_DIR = REPO / "results" / "paper"
+SCALES = ("smoke", "cpu", "paper")
+
+
+class SpecError(ValueError):
+    """A row spec or paper-data file that does not follow docs/reproduce.md (one-line message)."""
+
+
+@dataclass
+class Cell:
+    id: str
+    overrides: list[str]
+    seeds: list[int]
+    blocked: str | None = None
+
+
+@dataclass
+class Row:
+    row: str
+    paper: str
+    title: str
+    kind: str = "train"
+    axes: list[str] = field(default_factory=list)
+    base: list[str] = field(default_factory=list)
+    values: dict = field(default_factory=dict)
+    cells: list[str] | None = None
+    cell_overrides: dict = field(default_factory=dict)
+    cell_blocked: dict = field(default_factory=dict)
+    choices: dict = field(default_factory=dict)
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    compare: dict = field(default_factory=dict)
+    scales: dict = field(default_factory=dict)
+    requires: list = field(default_factory=list)
+    blocked: str | None = None
+    script: dict = field(default_factory=dict)
+    eval_from: dict = field(default_factory=dict)  # eval rows: {row: <train row>, cell: "<format over our axes>"}
+    results: str | None = None          # script rows: the committed folder their `make reproduce-<toy>` writes
+    notes: list | str | None = None
+    path: Path | None = None
+
+    # ---------------------------------------------------------------- cells
+    def cell_ids(self) -> list[str]:
+        if self.kind not in ("train", "eval"):
+            return []
+        if self.cells:
+            return list(self.cells)
+        return ["/".join(combo) for combo in itertools.product(*(list(self.values[a]) for a in self.axes))]
+
+    def scale(self, scale: str) -> dict | None:
+        if scale not in SCALES:
+            raise SpecError(f"unknown scale {scale!r}: use one of {', '.join(SCALES)}")
+        sc = self.scales.get(scale)
+        return sc if isinstance(sc, dict) else None  # a string = why this scale does not exist (e.g. no data here)
+
+    def scale_missing_reason(self, scale: str) -> str | None:
+        sc = self.scales.get(scale)
+        return sc if isinstance(sc, str) else (None if isinstance(sc, dict) else "not defined")
+
+    def cells_for(self, scale: str) -> list[Cell]:
+        """Every cell of the row with its overrides at ``scale`` (base, axis values, per-cell, scale)."""
+        sc = self.scale(scale)
+        if sc is None:
+            return []
+        out = []
+        only = sc.get("cells")  # a scale may run a subset of the cells (globs), e.g. one column at cpu scale
+        for cid in self.cell_ids():
+            if only and not any(fnmatch.fnmatchcase(cid, g) for g in only):
+                continue
+            parts = cid.split("/")
+            ov = list(self.base)
+            for axis, value in zip(self.axes, parts):
+                ov += list(self.values[axis][value] or [])
+            blocked = self.blocked
+            for pattern, extra in self.cell_overrides.items():
+                if fnmatch.fnmatchcase(cid, pattern):
+                    ov += list(extra or [])
+            for pattern, reason in self.cell_blocked.items():
+                if fnmatch.fnmatchcase(cid, pattern):
+                    blocked = blocked or reason
+            ov += list(sc.get("overrides") or [])
+            for pattern, extra in (sc.get("cell_overrides") or {}).items():
+                if fnmatch.fnmatchcase(cid, pattern):
+                    ov += list(extra or [])
+            out.append(Cell(cid, ov, list(sc.get("seeds", self.seeds)), blocked))
+        return out
+
+    def paper_data(self) -> dict | None:
+        p = PAPER_DIR / f"{self.row}.yaml"
+        return load_paper_data(p) if p.exists() else None
+
+
+KNOWN_KEYS = {f for f in Row.__dataclass_fields__ if f != "path"}
+
+
+def _check(cond: bool, path: Path, msg: str) -> None:
+    if not cond:
+        raise SpecError(f"{path}: {msg}")
+
+
+def load_row(name_or_path: str | Path) -> Row:
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = ROWS_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        known = ", ".join(list_rows()) or "none"
+        raise SpecError(f"no row spec {path} (rows: {known})")
+    data = _read_spec(path)
+    unknown = set(data) - KNOWN_KEYS
+    _check(not unknown, path, f"unknown keys {sorted(unknown)} (schema: docs/reproduce.md)")
+    for key in ("row", "paper", "title"):
+        _check(key in data, path, f"missing key {key!r}")
+    _check(data["row"] == path.stem, path, f"row {data['row']!r} must equal the file name {path.stem!r}")
+    row = Row(**data, path=path)
+    _check(row.kind in ("train", "script", "eval"), path, f"kind must be train, eval or script, got {row.kind!r}")
+    if row.kind == "eval":
+        _check(bool(row.eval_from.get("row")), path, "an eval row needs eval_from: {row: <the trained row>}")
+    for s in row.scales:
+        _check(s in SCALES, path, f"unknown scale {s!r} (use {', '.join(SCALES)})")
+    if row.kind in ("train", "eval"):
+        _check(bool(row.axes), path, "a train row needs axes")
+        for a in row.axes:
+            _check(a in row.values and row.values[a], path, f"axis {a!r} has no values")
+        ids = row.cell_ids()
+        _check(len(ids) == len(set(ids)), path, "duplicate cell ids")
+        for cid in ids:
+            parts = cid.split("/")
+            _check(len(parts) == len(row.axes), path, f"cell {cid!r} needs {len(row.axes)} parts ({row.axes})")
+            for a, v in zip(row.axes, parts):
+                _check(v in row.values[a], path, f"cell {cid!r}: {v!r} is not a value of axis {a!r}")
+        for pattern in list(row.cell_overrides) + list(row.cell_blocked):
+            _check(any(fnmatch.fnmatchcase(c, pattern) for c in ids), path, f"pattern {pattern!r} matches no cell")
+        _check(isinstance(row.scales.get("smoke"), dict) or row.blocked, path,
+               "every runnable row needs a smoke scale (CI runs it)")
+    else:
+        _check(bool(row.script) or bool(row.blocked), path, "a script row needs `script:` per scale")
+    return row
+
+
+def _read_spec(path: Path, depth: int = 0) -> dict:
+    """A spec's YAML; ``extends: <row>`` starts from that row's spec (top-level keys of this file replace it)."""
+    data = yaml.safe_load(path.read_text()) or {}
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    _check(depth < 5, path, "extends chain too deep")
+    ppath = ROWS_DIR / f"{parent}.yaml"
+    _check(ppath.exists(), path, f"extends {parent!r}: no {ppath}")
+    base = _read_spec(ppath, depth + 1)
+    base.pop("row", None)
+    return {**base, **data}
+
+
+def list_rows() -> list[str]:
+    return sorted(p.stem for p in ROWS_DIR.glob("*.yaml"))
+
+
+def load_paper_data(path: str | Path) -> dict:
+    path = Path(path)
+    data = yaml.safe_load(path.read_text()) or {}
+    for key in ("row", "paper", "cells"):
+        _check(key in data, path, f"missing key {key!r}")
+    metrics = data.get("metrics") or {}
+    axes = data.get("axes") or []
+    for c in data["cells"] or []:
+        _check("cell" in c, path, "a cell without `cell:` id")
+        if axes:
+            _check(len(str(c["cell"]).split("/")) == len(axes), path, f"cell {c['cell']!r} does not match axes {axes}")
+        for m in metrics:
+            v = c.get(m)
+            _check(v is None or isinstance(v, dict), path, f"cell {c['cell']!r}: {m} must be {{mean:, std:}}")
+    return data
+
+
+def check_all() -> list[str]:
+    """Load every spec and paper-data file; the problems found, one line each (empty = all good)."""
+    problems = []
+    for name in list_rows():
+        try:
+            row = load_row(name)
+            pd = row.paper_data()
+            if pd is not None and row.kind == "train" and pd.get("cells") and not (row.compare or {}).get("join"):
+                ids = set(row.cell_ids())
+                missing = [c["cell"] for c in pd["cells"] if c["cell"] not in ids]
+                if missing:
+                    problems.append(f"{name}: paper cells without a spec cell: {missing[:5]}")
+        except SpecError as e:
+            problems.append(str(e))
+    for p in sorted(PAPER_DIR.glob("*.yaml")):
+        try:
+            load_paper_data(p)
+        except SpecError as e:
+            problems.append(str(e))
+    return problems

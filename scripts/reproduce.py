@@ -1,0 +1,138 @@
+#!/usr/bin/env python
+"""A paper row -> its spec -> a Hydra multirun -> a comparison beside the paper's numbers -> the status board.
+
+    python scripts/reproduce.py list                                  # every row, its kind and scales
+    python scripts/reproduce.py check                                 # every spec and paper file loads; every cell composes
+    python scripts/reproduce.py run flatbnn_t2 --scale cpu -- dataset.root=../shared/data/cifar10_jpeg.tar.gz
+    python scripts/reproduce.py run flatbnn_t2 --scale paper --launcher submitit_slurm -- dataset.root=/data/cifar10
+    python scripts/reproduce.py compare flatbnn_t2 --scale cpu        # results/reproduce/flatbnn_t2/cpu.md
+    python scripts/reproduce.py status                                # results/STATUS.md
+    python scripts/reproduce.py all --scale smoke                     # every row (CI: make reproduce-all SCALE=smoke)
+
+Everything after ``--`` is passed to every job as a Hydra override (data roots, trainer=gpu_fast, ...).
+Rerunning ``run`` skips finished (cell, seed) jobs and resumes interrupted ones from their checkpoints.
+Exit codes: 0 all jobs done (blocked cells are reported, not failures), 1 a job failed, 2 bad spec / missing data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flatbnn.reproduce.spec import SCALES, SpecError, check_all, list_rows, load_row  # noqa: E402
+
+
+def _run_row(name: str, args, extra: list[str]) -> int:
+    from flatbnn.reproduce import launch, preflight, scripts as row_scripts
+    from flatbnn.reproduce.compare import write_comparison
+
+    row = load_row(name)
+    if row.kind != "script" and row.scale(args.scale) is None:
+        print(f"reproduce {name}: no {args.scale} scale ({row.blocked or row.scale_missing_reason(args.scale)})",
+              file=sys.stderr)
+        return 0
+    if row.kind == "script" and row.blocked:
+        print(f"reproduce {name}: blocked: {row.blocked}", file=sys.stderr)
+        rc = 0
+    elif row.kind == "script":
+        rc = row_scripts.run_script_row(row, args.scale, dry_run=args.dry_run)
+    else:
+        if args.scale != "smoke" and not args.dry_run and row.kind == "train":
+            preflight.check_data(row, args.scale, extra)
+        if row.kind == "eval":
+            summary = launch.launch_eval(row, args.scale, out=args.out, extra=extra, force=args.force,
+                                         dry_run=args.dry_run, cells_glob=args.cells)
+        else:
+            summary = launch.launch(row, args.scale, out=args.out, extra=extra, launcher=args.launcher,
+                                    force=args.force, dry_run=args.dry_run, cells_glob=args.cells)
+        failed = [f"{k}: {v['detail']}" for k, v in summary["jobs"].items() if v["state"] == "failed"]
+        for line in failed:
+            print(f"  FAILED {line}", file=sys.stderr)
+        rc = 1 if failed or summary["returncode"] not in (0,) else 0
+        if summary["returncode"] == 75:
+            rc = 75
+    if not args.dry_run and not args.no_compare:
+        path = write_comparison(row, args.scale, out=args.out)
+        print(f"comparison: {path}", file=sys.stderr)
+    return rc
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n", 2)[2])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list")
+    chk = sub.add_parser("check")
+    chk.add_argument("--no-compose", action="store_true", help="only load the YAML files")
+    for name in ("run", "all"):
+        p = sub.add_parser(name)
+        if name == "run":
+            p.add_argument("row")
+        p.add_argument("--scale", choices=SCALES, default="smoke")
+        p.add_argument("--out", type=Path, default=None, help="sweep dir (default outputs/reproduce/<row>/<scale>)")
+        p.add_argument("--launcher", default=None, help="a hydra/launcher option, e.g. submitit_slurm, joblib")
+        p.add_argument("--cells", default=None, help="only the cells whose id matches this glob")
+        p.add_argument("--force", action="store_true", help="rerun finished jobs from scratch")
+        p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+        p.add_argument("--no-compare", action="store_true")
+    cmp_ = sub.add_parser("compare")
+    cmp_.add_argument("row")
+    cmp_.add_argument("--scale", choices=SCALES, default="cpu")
+    cmp_.add_argument("--out", type=Path, default=None)
+    sub.add_parser("status")
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "list":
+            for name in list_rows():
+                row = load_row(name)
+                scales = ",".join(s for s in SCALES if (row.scale(s) if row.kind == "train" else row.script.get(s)))
+                state = f"blocked: {row.blocked}" if row.blocked else f"{len(row.cell_ids())} cells"
+                print(f"{name:18s} {row.kind:6s} {scales:17s} {state}  -- {row.title}")
+            return 0
+        if args.cmd == "check":
+            from flatbnn.reproduce.preflight import compose_all
+            problems = check_all()
+            if not args.no_compose and not problems:
+                problems += compose_all()
+            for p in problems:
+                print(p, file=sys.stderr)
+            print(f"{len(list_rows())} rows checked, {len(problems)} problems", file=sys.stderr)
+            return 2 if problems else 0
+        if args.cmd == "run":
+            return _run_row(args.row, args, extra)
+        if args.cmd == "all":
+            worst = 0
+            # trained rows first: eval rows and the analysis scripts read their runs
+            order = {"train": 0, "eval": 1, "script": 2}
+            for name in sorted(list_rows(), key=lambda n: (order[load_row(n).kind], n)):
+                rc = _run_row(name, args, extra)
+                worst = rc if worst == 0 else worst
+            if not args.dry_run:
+                from flatbnn.reproduce.status import write_status
+                print(f"status board: {write_status()}", file=sys.stderr)
+            return worst
+        if args.cmd == "compare":
+            from flatbnn.reproduce.compare import write_comparison
+            print(write_comparison(load_row(args.row), args.scale, out=args.out))
+            return 0
+        if args.cmd == "status":
+            from flatbnn.reproduce.status import write_status
+            print(write_status())
+            return 0
+    except (SpecError, FileNotFoundError) as e:
+        print(f"reproduce: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

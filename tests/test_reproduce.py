@@ -1,0 +1,192 @@
+"""The reproduction path: row specs and paper data load and agree, a generated cell config is the same config as
+the spec's overrides on a command line, a row runs as one multirun (failed members alone, finished jobs skipped),
+the comparison computes deltas / verdicts / directions, and the status board reflects the files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from helpers import REPO
+
+from flatbnn.reproduce import compare, launch, spec, status
+
+
+def test_every_spec_and_paper_file_loads_and_their_cells_agree():
+    assert spec.check_all() == []
+    rows = spec.list_rows()
+    # the five papers' rows named by the issue are all there, each with its paper data
+    for name in ("flatbnn_t1", "flatbnn_t2", "flatbnn_t3", "flatbnn_t4", "flatbnn_t5", "flatbnn_fig1",
+                 "flatbnn_fig2", "bsam_t1", "bsam_t2", "vsam_t3", "vsam_t4", "hwa_fig1", "fsam_t1", "fsam_t4"):
+        assert name in rows, name
+        assert (spec.PAPER_DIR / f"{name}.yaml").exists(), name
+
+
+def test_flatbnn_t2_paper_cells_are_the_printed_table():
+    pd = spec.load_paper_data(spec.PAPER_DIR / "flatbnn_t2.yaml")
+    cells = {c["cell"]: c for c in pd["cells"]}
+    assert len(cells) == 20
+    assert cells["preresnet164/mc_dropout"]["accuracy"] == {"mean": 96.18, "std": 0.02}
+    assert cells["wrn28x10/f_swag"]["nll"] == {"mean": 0.0883, "std": 0.0004}
+    assert cells["wrn28x10/f_deep_ens"]["ece"] == {"mean": 0.0059, "std": 0.0012}
+
+
+@pytest.mark.parametrize("row,cell", [("flatbnn_t2", "wrn28x10/f_mc_dropout"), ("flatbnn_t3", "cifar100/resnet18/f_sgvb_geometry"),
+                                      ("flatbnn_t4", "densenet161/f_swag")])
+def test_generated_cell_config_equals_the_overrides_on_a_command_line(row, cell, tmp_path):
+    """The runner turns a cell's override list into a config file; composing ``+cell=<it>`` must give exactly the
+    config the same overrides give on a command line (group choices and values, in order)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    r = spec.load_row(row)
+    c = next(x for x in r.cells_for("paper") if x.id == cell)
+    direct = launch.compose_cell(c.overrides)
+    search, _ = launch.write_cells(r, [c], "paper", tmp_path, [])
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(launch.CONFIGS), version_base="1.3"):
+        name = launch.cell_config_name(c.id, c.seeds[0])
+        via_file = compose(config_name="config", overrides=[f"hydra.searchpath=[file://{search}]", f"+cell={name}"])
+    a = OmegaConf.to_container(direct, resolve=False)
+    b = OmegaConf.to_container(via_file, resolve=False)
+    assert b.pop("reproduce") == {"row": row, "cell": cell, "scale": "paper"}
+    a.pop("reproduce")
+    a["seed"] = c.seeds[0]
+    assert a == b
+
+
+def test_flat_bnn_presets_work_with_every_table_method():
+    """The bug of the old preset: SWAG keys under ``method`` broke every other method, and the preset forced SAM
+    on the base methods. Now each method keeps its flatness and its own paper settings; rho reaches F-presets."""
+    for ds, rho in (("cifar10", 0.05), ("cifar100", 0.1)):
+        for m in ("mc_dropout", "deep_ens", "sgld", "swag_diag", "swag"):
+            base = launch.compose_cell([f"experiment=flat_bnn_{ds}", f"method={m}"])
+            flat = launch.compose_cell([f"experiment=flat_bnn_{ds}", f"method=f_{m}"])
+            assert base.flatness._target_.endswith("NoFlatness"), (ds, m)
+            assert flat.flatness._target_.endswith(".SAM") and flat.flatness.rho == rho, (ds, m)
+            assert base.method._target_ == flat.method._target_
+            from hydra.utils import instantiate
+            instantiate(flat.method)  # no foreign keys
+        swag = launch.compose_cell([f"experiment=flat_bnn_{ds}", "method=f_swag"]).method
+        diag = launch.compose_cell([f"experiment=flat_bnn_{ds}", "method=swag_diag"]).method
+        assert (swag.swa_start, swag.scale, diag.scale) == (161, 0.1, 0.2)
+        assert launch.compose_cell([f"experiment=flat_bnn_{ds}", "method=f_deep_ens"]).method.num_members == 3
+
+
+def _tiny_row(tmp_path: Path, cells: dict, seeds=(0, 1)) -> spec.Row:
+    data = {"row": "tiny", "paper": "none", "title": "tiny", "axes": ["method"],
+            "base": ["dataset=digits", "model=mlp", "trainer.epochs=1", "trainer.limit_train_batches=3",
+                     "trainer.progress=false", "trainer.reliability_diagram=false", "dataset.test_subset=100"],
+            "values": {"method": cells}, "seeds": list(seeds),
+            "scales": {"smoke": {"overrides": []}, "cpu": {"overrides": [], "seeds": list(seeds)}}}
+    p = tmp_path / "tiny.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return spec.load_row(p)
+
+
+@pytest.mark.slow
+def test_a_row_is_one_multirun_failed_cells_fail_alone_and_finished_jobs_are_skipped(tmp_path):
+    row = _tiny_row(tmp_path, {"sgd": ["flatness=none"], "sam": ["flatness=sam"],
+                               "bad": ["flatness=sam", "flatness.rho=-1"]})
+    out = tmp_path / "out"
+    s = launch.launch(row, "cpu", out=out)
+    states = {k: v["state"] for k, v in s["jobs"].items()}
+    assert states == {"sgd/seed0": "done", "sgd/seed1": "done", "sam/seed0": "done", "sam/seed1": "done",
+                      "bad/seed0": "failed", "bad/seed1": "failed"}
+    assert s["returncode"] == 1  # the sweep went on past the failed member and still says it failed
+    assert "rho" in s["jobs"]["bad/seed0"]["detail"]
+    r = json.loads((out / "sam" / "seed1" / "results.json").read_text())
+    assert r["meta"]["seed"] == 1 and r["meta"]["flatness"]["name"] == "sam"
+    cfg = yaml.safe_load((out / "sam" / "seed1" / ".hydra" / "config.yaml").read_text())
+    assert cfg["reproduce"] == {"row": "tiny", "cell": "sam", "scale": "cpu"}
+    before = (out / "sgd" / "seed0" / "results.json").stat().st_mtime_ns
+    again = launch.launch(row, "cpu", out=out, dry_run=True)
+    assert again["command"][-len(["+cell"]):] != [] and "+cell=bad__s0,bad__s1" in again["command"]
+    assert (out / "sgd" / "seed0" / "results.json").stat().st_mtime_ns == before
+
+
+def _fake_run(out: Path, cell: str, seed: int, acc: float, nll: float, ece: float = 0.01, shift=None):
+    d = out / cell / f"seed{seed}"
+    d.mkdir(parents=True)
+    metrics = {"accuracy": acc, "nll": nll, "ece": ece}
+    if shift:
+        metrics["shift"] = shift
+    meta = {"dataset": "cifar10", "model": "wrn", "seed": seed, "budget": {"epochs": 8, "train_size": 2000,
+            "test_size": 1000, "global_batch": 128, "precision": "fp32"}, "hardware": {"cpu": "x", "torch": "2"},
+            "git": {"commit": "abcdef123", "dirty": False}, "train_seconds": 36.0,
+            "metric_conventions": {"ece_bins": 20}}
+    (d / "results.json").write_text(json.dumps({"metrics": metrics, "meta": meta}))
+
+
+def test_comparison_units_deltas_directions_and_verdicts(tmp_path):
+    row = spec.load_row("flatbnn_t2")
+    out = tmp_path / "out"
+    # ours: F-SWAG better than SWAG on accuracy and NLL, worse on ECE
+    for s, (a, n) in enumerate([(0.90, 0.30), (0.92, 0.32), (0.94, 0.34)]):
+        _fake_run(out, "wrn28x10/f_swag", s, a, n, ece=0.05)
+        _fake_run(out, "wrn28x10/swag", s, a - 0.01, n + 0.01, ece=0.04)
+    c = compare.build(row, "cpu", out)
+    rec = {(r["cell"], r["metric"]): r for r in c["table"]}
+    acc = rec[("wrn28x10/f_swag", "accuracy")]
+    assert acc["ours_mean"] == pytest.approx(92.0) and acc["ours_std"] == pytest.approx(2.0)  # percent, ddof=1
+    assert acc["ours_n"] == 3 and acc["delta"] == pytest.approx(92.0 - 97.09)
+    d = {(x["cell"], x["metric"]): x for x in c["direction"]}
+    assert d[("wrn28x10/f_swag", "accuracy")]["paper_better"] == "yes"
+    assert d[("wrn28x10/f_swag", "accuracy")]["agree"] is True
+    assert d[("wrn28x10/f_swag", "nll")]["agree"] is True          # lower is better
+    assert d[("wrn28x10/f_swag", "ece")]["paper_better"] == "yes"  # 0.0036 < 0.0088
+    assert d[("wrn28x10/f_swag", "ece")]["agree"] is False          # ours got worse
+    assert d[("wrn28x10/f_mc_dropout", "accuracy")]["agree"] is None  # not run: pending, not "agrees"
+    assert "verdict" not in acc  # below paper scale, no verdicts
+    md = compare.to_markdown(c)
+    assert "NOT a paper reproduction" in md and "abcdef12" in md
+    # at paper scale: within the printed spread or not
+    p = compare.build(row, "paper", out)
+    # paper cells are the same ids; our fake runs sit under the "paper" scale's seeds too
+    assert all("verdict" not in r for r in p["table"] if r["ours_n"] == 0)
+
+
+def test_paper_scale_verdict_uses_both_spreads():
+    rec = {"paper_std": 0.1, "ours_std": 0.2, "delta": 0.44}
+    assert compare._verdict(rec) == "within"       # 2 * sqrt(0.01 + 0.04) = 0.447
+    assert compare._verdict({**rec, "delta": 0.46}) == "outside"
+    assert compare._verdict({**rec, "paper_std": None}) == "no spread printed"
+
+
+def test_flatbnn_t5_joins_paper_groups_to_our_shift_metrics(tmp_path):
+    row = spec.load_row("flatbnn_t5")
+    out = tmp_path / "out"
+    groups = {g: {"accuracy": 0.5, "ece": 0.1} for g in ("noise", "blur", "weather", "digital")}
+    _fake_run(out, "wrn28x10/swag", 0, 0.9, 0.3, shift={"per_group": groups, "mean": {"accuracy": 0.6, "ece": 0.2}})
+    c = compare.build(row, "cpu", out)
+    rec = {(r["cell"], r["metric"]): r for r in c["table"]}
+    assert rec[("noise/swag", "accuracy")]["ours_mean"] == pytest.approx(50.0)
+    assert rec[("average/swag", "ece")]["ours_mean"] == pytest.approx(0.2)
+
+
+def test_status_board_lists_every_row_with_its_state(tmp_path, monkeypatch):
+    monkeypatch.setattr(compare, "RESULTS_ROOT", tmp_path)
+    monkeypatch.setattr(status, "RESULTS_ROOT", tmp_path)
+    (tmp_path / "flatbnn_t2").mkdir()
+    (tmp_path / "flatbnn_t2" / "smoke.json").write_text(json.dumps(
+        {"jobs": {"a": {"0": "done"}, "b": {"0": "failed"}}, "failed": {"b/seed0": "boom"}, "blocked": {},
+         "budget": {"commits": ["abc"]}}))
+    text = status.render()
+    for name in spec.list_rows():
+        assert f"`{name}`" in text
+    line = next(x for x in text.splitlines() if x.startswith("| `flatbnn_t2`"))
+    assert "**failed**" in line and "1/2 jobs" in line and "1 failed" in line
+    line1 = next(x for x in text.splitlines() if x.startswith("| `flatbnn_t1`"))
+    assert "not run" in line1 and "no CIFAR-100" in line1
+
+
+def test_cli_check_and_missing_row_are_one_line():
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "reproduce.py"), "run", "no_such_row"],
+                       capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "no row spec" in p.stderr

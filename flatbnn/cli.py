@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
+import errno
+import re
+
 EXIT_CONFIG = 2      # bad config, missing data set, unreadable checkpoint, diverged run
 EXIT_PREEMPTED = 75  # SIGTERM/SIGUSR1: checkpointed; rerun (or requeue) to resume
 
@@ -26,4 +30,98 @@ def one_line_error(exc: BaseException) -> str | None:
     if isinstance(inner, (FileNotFoundError, CheckpointError, Diverged, KeyError, ValueError, ImportError)):
         text = inner.args[0] if isinstance(inner, KeyError) and inner.args else str(inner)
         return " ".join(str(text).split())
+    if isinstance(inner, OSError) and inner.errno in _FS_ERRNOS:
+        return _fs_line(inner)
     return None
+
+
+# file-system refusals a user fixes (run dir under a file, read-only or full disk, no permission)
+_FS_ERRNOS = {getattr(errno, n) for n in ("ENOTDIR", "EACCES", "EPERM", "EROFS", "ENOSPC", "EDQUOT", "EEXIST",
+                                          "EISDIR", "ENAMETOOLONG") if hasattr(errno, n)}
+
+
+def _fs_line(e: OSError) -> str:
+    where = f" {e.filename}" if e.filename else ""
+    if e.errno in {getattr(errno, "ENOSPC", -1), getattr(errno, "EDQUOT", -1)}:
+        hint = "free space, then rerun the same command (it resumes)"
+    elif e.errno == errno.ENOTDIR:
+        hint = "part of that path is a file, not a directory; put the run elsewhere with hydra.run.dir=<dir>"
+    else:
+        hint = "make it writable or put the run elsewhere with hydra.run.dir=<dir>"
+    return f"cannot write{where}: {e.strerror or type(e).__name__}; {hint}"
+
+
+def _closest(word: str, options, n: int = 3) -> list[str]:
+    return difflib.get_close_matches(str(word), [str(o) for o in options], n=n, cutoff=0.5)
+
+
+def hydra_error_line(exc: BaseException) -> str | None:
+    """One line for the errors Hydra raises while composing the config or creating the run dir (an
+    unknown key or group option, a bad override, a run dir it cannot create), with the closest valid
+    names; None for anything else."""
+    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+
+    if isinstance(exc, MissingConfigException):
+        text = str(exc)
+        m = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
+        options = list(getattr(exc, "options", None) or [])
+        if m and options:
+            group, option = m.group(1).replace("/", "."), m.group(2)
+            near = _closest(option, options)
+            shown = (f"did you mean {' or '.join(near)}?" if near else f"options: {', '.join(options)}")
+            return f"{group}={option}: no such option in config group {group}; {shown}"
+        return " ".join(text.splitlines()[0].split())
+    if isinstance(exc, OverrideParseException):
+        return "bad override: " + " ".join(str(exc).splitlines()[0].split()) + " (see python train.py --help)"
+    if isinstance(exc, HydraException):
+        cause = exc.__cause__
+        key = getattr(cause, "full_key", None)
+        parent = getattr(cause, "parent_node", None)
+        if key and parent is not None and "Could not override" in str(exc):
+            leaf = str(key).rpartition(".")[2]
+            prefix = str(key)[: len(str(key)) - len(leaf)]
+            near = [prefix + k for k in _closest(leaf, list(parent))]
+            what = "key or config group" if not prefix else "key"
+            hint = f"did you mean {' or '.join(near)}?" if near else "check the spelling"
+            return f"unknown {what} {key}: {hint} (a deliberate new key: +{key}=...)"
+        return " ".join(" ".join(line.split()) for line in str(exc).splitlines() if line.strip())
+    if isinstance(exc, OSError) and exc.errno in _FS_ERRNOS:
+        return _fs_line(exc)
+    return None
+
+
+def install_hydra_error_handler() -> None:
+    """Make Hydra's own errors (composition, overrides, creating the run dir) one line on stderr and exit
+    status 2, instead of its 6-40 lines and exit 1. ``HYDRA_FULL_ERROR=1`` keeps Hydra's behaviour.
+
+    Hydra reports them in ``hydra._internal.utils.run_and_report`` (around ``_run_hydra``'s steps); we
+    wrap that function. Errors it does not know stay Hydra's."""
+    import os
+    import sys
+
+    try:
+        import hydra._internal.utils as hydra_utils
+    except ImportError:  # another Hydra layout: keep its reporting
+        return
+    original = getattr(hydra_utils, "run_and_report", None)
+    if original is None or getattr(original, "_flatbnn", False):
+        return
+
+    def run_and_report(func):
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            return original(func)
+        try:
+            return func()
+        except Exception as e:
+            line = hydra_error_line(e)
+            if line is None:
+                return original(lambda: _reraise(e))
+            print(f"flatbnn: error: {line}", file=sys.stderr)
+            sys.exit(EXIT_CONFIG)
+
+    run_and_report._flatbnn = True
+    hydra_utils.run_and_report = run_and_report
+
+
+def _reraise(e: BaseException):
+    raise e

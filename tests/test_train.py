@@ -42,7 +42,7 @@ def test_digits_sam_learns_and_records_rho(tmp_path):
     res = run_cfg(DIGITS + ["flatness=sam", "flatness.rho=0.05", "trainer.epochs=15"], tmp_path)
     assert res["metrics"]["accuracy"] >= 0.90
     assert res["meta"]["flatness"] == {"name": "sam", "rho": 0.05, "m": 1, "rho_schedule": "constant",
-                                       "bn_stats": "first", "sync_ascent": False}
+                                       "bn_stats": "first", "bn_chunks": "all", "sync_ascent": False}
 
 
 def test_same_seed_same_result_and_seed_changes_it(tmp_path):
@@ -63,7 +63,7 @@ def test_cli_writes_resolved_config_and_results(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["flatness=samm"], "flatness/samm"),
+    (["flatness=samm"], "flatness=samm"),
     (["trainer.epochz=3"], "epochz"),
     (["dataset=cifar10", "dataset.root=/nonexistent/cifar"], "dataset.root"),
 ])

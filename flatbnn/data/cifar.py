@@ -469,6 +469,17 @@ def _load_archive(path: Path, subsets: dict[str, int | None], cache: Path | None
     return out, _check_classes(classes_per, str(path))
 
 
+
+class CorruptArchive(ValueError):
+    """A data-set archive that cannot be read to its end: one line naming the file and its config key."""
+
+
+def _is_gzip_error(e: OSError) -> bool:
+    import gzip
+    # gzip.BadGzipFile is an OSError; "Not a gzipped file" / CRC errors come from there too
+    return isinstance(e, gzip.BadGzipFile) or "gzip" in str(e).lower() or "crc" in str(e).lower()
+
+
 # --------------------------------------------------------------------------- builder
 
 def load_cifar10_arrays(
@@ -499,7 +510,15 @@ def load_cifar10_arrays(
         elif layout == "folder":
             data, classes = _load_folder(path, subsets, resolve_cache_dir(cache_dir))
         else:
-            data, classes = _load_archive(path, subsets, resolve_cache_dir(cache_dir))
+            try:
+                data, classes = _load_archive(path, subsets, resolve_cache_dir(cache_dir))
+            except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
+                if isinstance(e, FileNotFoundError) or (isinstance(e, OSError) and not _is_gzip_error(e)):
+                    raise
+                raise CorruptArchive(
+                    f"{key}={root}: archive '{path}' is corrupt or truncated ({type(e).__name__}: "
+                    f"{' '.join(str(e).split())[:120]}; {path.stat().st_size:,} bytes); copy or download it "
+                    f"again, or point {key} at an intact one") from None
     if layout == "torchvision":
         for split, n in subsets.items():
             data[split] = canonical_subset(*data[split], n, NUM_CLASSES)

@@ -36,6 +36,13 @@ def reliability_diagram(
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    import torch
+
+    finite = torch.isfinite(torch.as_tensor(probs)).all(dim=1)
+    dropped = int((~finite).sum())
+    if dropped:  # diverged weights: draw the rest and say so (results.json has null metrics then)
+        probs, targets = torch.as_tensor(probs)[finite], torch.as_tensor(targets)[finite]
+        title = f"{title + ' -- ' if title else ''}{dropped} non-finite predictions left out"
     bins = calibration_bins(probs, targets, n_bins=n_bins, binning=binning, edges=edges)
     e = bins["edges"].cpu().numpy()
     acc = bins["accuracy"].cpu().numpy()

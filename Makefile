@@ -7,7 +7,7 @@ PY     ?= $(VENV)/bin/python
 TORCH  ?= torch==2.14.1 torchvision==0.29.1
 DEMO_DIR ?= outputs/demo
 
-.PHONY: setup demo test test-fast bench clean-outputs
+.PHONY: setup demo test test-fast bench bench-smoke clean-outputs
 
 setup: $(VENV)/.installed
 
@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q $(TORCH)
-	$(VENV)/bin/pip install -q -e ".[test,demo,wandb,timm]"
+	$(VENV)/bin/pip install -q -e ".[test,demo,wandb,timm,cluster]"
 	touch $@
 
 demo: setup
@@ -30,8 +30,15 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
 
+# images/s of method x flatness side by side (interleaved rounds) -> results/bench/<device>-<date>.json + .md;
+#   make bench BENCH_ARGS="--precision bf16 --channels-last --model wrn28x10 --reference"   (on a GPU)
+#   make bench-smoke     tiny model, 2 steps: the pipeline in seconds (writes to outputs/bench-smoke)
+BENCH_ARGS ?=
 bench: setup
-	$(PY) scripts/benchmark.py
+	$(PY) scripts/benchmark.py $(BENCH_ARGS)
+
+bench-smoke: setup
+	$(PY) scripts/benchmark.py --smoke --reference --out outputs/bench-smoke $(BENCH_ARGS)
 
 clean-outputs:
 	rm -rf outputs multirun
@@ -60,14 +67,16 @@ reproduce-fsam-sweep: setup
 		--out results/fsam_sweep/nll.png
 
 # ---------------------------------------------------------------------------- paper rows (docs/reproduce.md)
-#   make reproduce-<row> SCALE=smoke|cpu|paper [ARGS="dataset.root=..."] [LAUNCHER=submitit_slurm]
+#   make reproduce-<row> SCALE=smoke|cpu|paper [ARGS="dataset.root=..."] [LAUNCHER=slurm|local|cpu_parallel] [DRY=1]
+#     LAUNCHER: a configs/hydra/launcher option (docs/cluster.md); DRY=1 prints the sweep command, runs nothing
 #   make reproduce-all SCALE=smoke            (CI) every row, then results/STATUS.md
 #   make compare-<row> SCALE=cpu              rerender the comparison from whatever runs exist
 #   make status                               regenerate results/STATUS.md
 SCALE    ?= smoke
 ARGS     ?=
 LAUNCHER ?=
-REPRO_FLAGS = --scale $(SCALE) $(if $(LAUNCHER),--launcher $(LAUNCHER))
+DRY      ?=
+REPRO_FLAGS = --scale $(SCALE) $(if $(LAUNCHER),--launcher $(LAUNCHER)) $(if $(DRY),--dry-run)
 
 .PHONY: reproduce-all status rows-check
 reproduce-all: setup
@@ -84,6 +93,13 @@ status: setup
 
 rows-check: setup
 	$(PY) scripts/reproduce.py check
+
+# estimated runs / PFLOP / GPU-hours per row at paper scale -> the table in docs/cluster.md (a few minutes, CPU)
+#   make cost-table COST_ARGS="--tflops 40"   (another assumed sustained rate)
+COST_ARGS ?=
+.PHONY: cost-table
+cost-table: setup
+	$(PY) scripts/estimate_cost.py --write-docs $(COST_ARGS)
 
 # 2-D toy reproductions (exact problems, CPU, < 1 min each)
 .PHONY: reproduce-fsam-toy reproduce-vsam-fig1

@@ -17,7 +17,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from flatbnn.cli import EXIT_CONFIG, EXIT_PREEMPTED, one_line_error
+from flatbnn.cli import EXIT_CONFIG, EXIT_PREEMPTED, install_hydra_error_handler, one_line_error
 
 
 def _nonzero_rank_overrides() -> None:
@@ -32,6 +32,7 @@ def _nonzero_rank_overrides() -> None:
     sys.argv += extra
 
 
+EXIT_FAILED = 1  # a failed run or sweep member; a DDP peer that stalled, died or never arrived
 FAILED_JOBS: list[tuple[str, str]] = []  # (run dir, one line) of the failed members of a --multirun sweep
 
 
@@ -41,39 +42,68 @@ def _in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+def _join(cfg: DictConfig) -> Path:
+    """Join the DDP process group (torchrun, or a multi-task submitit job) with the configured deadline;
+    every rank gets rank 0's run dir (the others have none of their own)."""
+    from flatbnn.engine import distributed as D
+    from flatbnn.engine.run import run_dir_from_hydra
+
+    D.export_submitit_env()
+    info = D.init_distributed(D.resolve_device(cfg.trainer.device), cfg.trainer.get("dist_timeout_s"))
+    return Path(D.broadcast_object(str(run_dir_from_hydra()), info))
+
+
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    from flatbnn.engine import preemption
+    from flatbnn.engine.distributed import dist_failure_line
     from flatbnn.engine.run import run, run_dir_from_hydra
     from flatbnn.engine.trainer import Preempted
 
-    try:
-        results = run(cfg)
-    except Preempted as e:
-        print(f"flatbnn: {e}", file=sys.stderr)
-        sys.exit(EXIT_PREEMPTED)
-    except Exception as e:  # known, actionable errors become one line; anything else keeps its traceback
-        msg = one_line_error(e)
-        if not _in_multirun():
-            if msg is None:
-                raise
-            print(f"flatbnn: error: {msg}", file=sys.stderr)
-            sys.exit(EXIT_CONFIG)
-        # a sweep member fails alone: its run dir says why, the sweep goes on, the process exits non-zero at the end
-        run_dir = run_dir_from_hydra()
-        detail = traceback.format_exc()
-        line = msg or f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
-        if int(os.environ.get("RANK", "0")) == 0:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "failed.txt").write_text(detail + "\n" + line + "\n")
-        print(f"flatbnn: error in {run_dir}: {line}", file=sys.stderr)
-        FAILED_JOBS.append((str(run_dir), line))
-        return None
+    results_path, before = None, None
+    # a stop signal anywhere in the job (not only in the training loop) ends in exit 0 or 75, never 143
+    with preemption.JobSignals() as guard:
+        try:
+            run_dir = _join(cfg)
+            results_path = run_dir / "results.json"
+            before = preemption.mtime(results_path)
+            results = run(cfg, run_dir=run_dir)
+        except Preempted as e:
+            preemption.stop(e, guard, results=results_path, mtime_before=before, exit_preempted=EXIT_PREEMPTED)
+            return None
+        except Exception as e:  # known, actionable errors become one line; anything else keeps its traceback
+            guard.fired = True
+            _failed(e, one_line_error(e), dist_failure_line(e, cfg.trainer.get("dist_timeout_s")),
+                    run_dir_from_hydra)
+            return None
     # the return value is what a Hydra sweeper (e.g. Optuna) would optimise
     return None if results is None else results["metrics"].get("nll")
 
 
+def _failed(e: Exception, msg: str | None, dist_line: str | None, run_dir_from_hydra) -> None:
+    """Called inside the ``except`` of ``main``."""
+    if dist_line is not None:  # a peer stalled / died / never arrived: not the config's fault; one line, exit 1
+        print(f"flatbnn: error: {dist_line}", file=sys.stderr)
+        sys.exit(EXIT_FAILED)
+    if not _in_multirun():
+        if msg is None:
+            raise
+        print(f"flatbnn: error: {msg}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    # a sweep member fails alone: its run dir says why, the sweep goes on, the process exits non-zero at the end
+    run_dir = run_dir_from_hydra()
+    detail = traceback.format_exc()
+    line = msg or f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    if int(os.environ.get("RANK", "0")) == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "failed.txt").write_text(detail + "\n" + line + "\n")
+    print(f"flatbnn: error in {run_dir}: {line}", file=sys.stderr)
+    FAILED_JOBS.append((str(run_dir), line))
+
+
 if __name__ == "__main__":
     _nonzero_rank_overrides()
+    install_hydra_error_handler()  # an unknown key / group option, a bad override: one line, exit 2
     main()
     if FAILED_JOBS:
         print(f"flatbnn: {len(FAILED_JOBS)} sweep member(s) failed (see failed.txt in each run dir):", file=sys.stderr)

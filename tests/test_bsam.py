@@ -246,7 +246,8 @@ def test_engine_checkpoint_resume_is_exact(method, tmp_path, capsys):
     ref = run_cfg(base + ["trainer.epochs=2"], tmp_path / "ref")
     run_cfg(base + ["trainer.epochs=1"], tmp_path / "resumed")
     capsys.readouterr()
-    res = run_cfg(base + ["trainer.epochs=2"], tmp_path / "resumed")
+    # more epochs on a resume is a deliberate change (else the run dir refuses another config)
+    res = run_cfg(base + ["trainer.epochs=2", "trainer.resume_overrides=[trainer.epochs]"], tmp_path / "resumed")
     assert "resuming from" in capsys.readouterr().err
     assert res["meta"]["budget"]["steps"] == ref["meta"]["budget"]["steps"]
     for k in ("accuracy", "nll", "ece", "brier"):

@@ -3,12 +3,16 @@
 Single process never needs torchrun. Under torchrun (``WORLD_SIZE`` > 1) we init NCCL on GPUs and
 gloo on CPU. ``trainer.batch_size`` is the GLOBAL batch; each rank gets batch_size / world_size,
 so a 2-process run sees the same samples per step as a single process with the same global batch.
+A submitit job with several tasks (one per GPU) gets the same environment from its SLURM / local task
+ids (:func:`export_submitit_env`). Every collective has a deadline (``trainer.dist_timeout_s``): a rank
+that stalls or dies makes the others fail with one line instead of waiting for ever.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -34,26 +38,66 @@ def env_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def init_distributed(device: torch.device) -> DistInfo:
+def export_submitit_env() -> bool:
+    """Inside a submitit job with several tasks (``tasks_per_node`` x ``nodes``, one task per GPU) and no
+    torchrun: export what torchrun would (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) from the
+    task ids, so the run is one DDP job instead of N copies writing one run dir. True if it exported."""
+    if "WORLD_SIZE" in os.environ or not os.environ.get("SUBMITIT_EXECUTOR"):
+        return False
+    from submitit import JobEnvironment
+    from submitit.helpers import TorchDistributedEnvironment
+
+    if JobEnvironment().num_tasks <= 1:
+        return False
+    # CUDA_VISIBLE_DEVICES stays as the scheduler set it; resolve_device maps the local rank onto it
+    TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    return True
+
+
+def init_distributed(device: torch.device, timeout_s: float | None = None) -> DistInfo:
+    """Join the process group (idempotent). ``timeout_s`` bounds the rendezvous and every collective;
+    None keeps torch's default."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistInfo()
     if not dist.is_initialized():
+        if device.type == "cuda":  # before any collective: NCCL places object collectives on the current GPU
+            torch.cuda.set_device(device)
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend)
+        kwargs = {} if timeout_s is None else {"timeout": timedelta(seconds=float(timeout_s))}
+        dist.init_process_group(backend=backend, **kwargs)
     return DistInfo(rank=dist.get_rank(), world_size=dist.get_world_size(),
                     local_rank=int(os.environ.get("LOCAL_RANK", "0")))
 
 
+def dist_failure_line(exc: BaseException, timeout_s: float | None) -> str | None:
+    """One line for a failed rendezvous / collective (a peer stalled, died or never arrived); None for
+    anything else. torch raises these as DistBackendError / DistStoreError / RuntimeError from gloo or
+    NCCL with multi-line C++ messages."""
+    text = " ".join(str(exc).split())
+    markers = ("timed out", "timeout", "connection closed by peer", "connection reset", "connection refused",
+               "socket timeout", "broken pipe", "nccl communicator was aborted", "watchdog")
+    is_dist = isinstance(exc, (getattr(dist, "DistError", RuntimeError), RuntimeError, TimeoutError))
+    if not is_dist or not any(m in text.lower() for m in markers):
+        return None
+    rank = os.environ.get("RANK", "?")
+    limit = f"{timeout_s:g} s" if timeout_s is not None else "torch's default"
+    return (f"rank {rank}: DDP rendezvous or collective failed (limit trainer.dist_timeout_s = {limit}): another "
+            f"rank stalled, died or never arrived [{type(exc).__name__}: {text[:160]}]; the last checkpoint is "
+            f"intact -- rerun the same command to resume")
+
+
 def resolve_device(spec: str) -> torch.device:
-    """``auto`` = this rank's GPU if there is one, else CPU."""
+    """``auto`` = this rank's GPU if there is one, else CPU. The local rank is taken modulo the visible
+    GPUs: a scheduler that binds one GPU per task shows each task a single ``cuda:0``."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if spec == "auto":
         if torch.cuda.is_available():
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            return torch.device("cuda", local_rank % torch.cuda.device_count())
         return torch.device("cpu")
     dev = torch.device(spec)
     if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        dev = torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
     return dev
 
 

@@ -8,13 +8,17 @@ both write.
 
 from __future__ import annotations
 
+import copy
+import math
 import sys
 import time
+import types
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+import yaml
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
@@ -22,7 +26,8 @@ from torch.utils.data import DataLoader
 
 from flatbnn.engine import distributed as D
 from flatbnn.engine.backprop import Backprop, seed_everything
-from flatbnn.engine.checkpoint import CheckpointError, load_checkpoint, write_json
+from flatbnn.engine.checkpoint import (CheckpointError, RunDirLock, RunDirLocked, load_checkpoint,
+                                      remove_stale_temp_files, write_bytes, write_json)
 from flatbnn.engine.loggers import JsonlLogger
 from flatbnn.engine.provenance import git_commit, hardware
 from flatbnn.engine.trainer import Trainer
@@ -334,7 +339,9 @@ def results_meta(b: Built, *, steps: int, train_seconds: float, wall_seconds: fl
                    "precision": tc.precision},
         "metric_conventions": {"ece_bins": eval_cfg.ece_bins, "ece_binning": eval_cfg.ece_binning,
                                "ece_edges": eval_cfg.ece_edges, "auroc_misclassification":
-                               f"positives = correct, score = {eval_cfg.misclass_score}",
+                               f"positives = correct, score = {eval_cfg.misclass_score}"
+                               + (f", {eval_cfg.auroc_thresholds}-threshold grid" if eval_cfg.auroc == "thresholds"
+                                  else ""),
                                "auroc_ood": f"positives = in-distribution, score = {eval_cfg.ood_score}",
                                "nll": "-log mean_k p_k(y|x), mean over examples"},
         "hardware": hardware(b.device, b.info.world_size), "git": git_commit(),
@@ -346,11 +353,217 @@ def results_meta(b: Built, *, steps: int, train_seconds: float, wall_seconds: fl
     }
 
 
+# ---------------------------------------------------------------------------------------------- run dir
+# Keys a resume may change without being asked: how a run is watched, where its data are read from, how
+# fast it goes -- not what it computes. Any other difference between the config a run dir was started with
+# and the rerun's is refused (the rerun would continue the old run under the new label); listing the key in
+# trainer.resume_overrides applies the change deliberately instead.
+RESUME_EXEMPT = ("trainer.resume", "trainer.resume_overrides", "trainer.init_from", "trainer.init_key",
+                 "trainer.progress", "trainer.num_workers", "trainer.eval_batch_size", "trainer.eval_every",
+                 "trainer.checkpoint_every", "trainer.reliability_diagram", "logger",
+                 "dataset.root", "dataset.clean_root", "dataset.download", "dataset.ood_roots",
+                 "dataset.shift_root")
+# Keys whose change alters the lr schedule's shape: a resume applying one rebuilds the schedule (at the
+# current step) instead of restoring the old one's parameters
+_SCHEDULE_KEYS = ("trainer.epochs", "trainer.limit_train_batches", "scheduler")
+_HYDRA_FILES = ("config.yaml", "overrides.yaml", "hydra.yaml")
+
+
+class ResumeConfigMismatch(CheckpointError):
+    pass
+
+
+@dataclass
+class Claim:
+    """What :func:`claim_run_dir` established: the lock, the checkpoint to resume (loaded once), this
+    run's resolved config and the values a resume changes deliberately ``{key: (old, new)}``."""
+
+    lock: RunDirLock | None
+    state: dict | None
+    config: dict
+    changes: dict
+
+
+def _flat(d, prefix: str = "") -> dict:
+    out = {}
+    for k, v in (d or {}).items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _covered(key: str, names) -> bool:
+    return any(key == n or key.startswith(n + ".") for n in names)
+
+
+def _same(a, b) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
+def config_changes(reference: dict, current: dict) -> dict:
+    """``{dotted key: (reference value, current value)}`` for every key both configs have that differs,
+    exempt keys left out. A key only one side has (a config key added or removed by a code update) is not
+    a change: group switches also change ``_target_`` / ``name``, which both sides have."""
+    ref, cur = _flat(reference), _flat(current)
+    return {k: (ref[k], cur[k]) for k in cur if k in ref and not _same(ref[k], cur[k])
+            and not _covered(k, RESUME_EXEMPT)}
+
+
+def claim_run_dir(b: Built) -> Claim:
+    """Before a training run writes anything into its run dir: lock it (rank 0; one process per run dir),
+    then make sure the run it resumes -- the checkpoint, or a finished run's ``config_resolved.yaml`` -- was
+    started with this config (up to :data:`RESUME_EXEMPT` and ``trainer.resume_overrides``). A refusal
+    puts back the ``.hydra/*.yaml`` that Hydra rewrote before this code ran. Once claimed: the run dir's
+    ``config_resolved.yaml`` and the kept copy of the Hydra files become this run's, and temp files of
+    killed checkpoint writers are removed."""
+    cfg, info, run_dir = b.cfg, b.info, b.run_dir
+    lock = RunDirLock(run_dir) if info.is_main else None
+    error = None
+    if lock is not None:
+        try:
+            lock.acquire()
+        except RunDirLocked as e:
+            error = str(e)
+    error = D.broadcast_object(error, info)  # every rank stops, not only the one that tried
+    if error is not None:
+        if info.is_main:
+            _restore_hydra_files(run_dir)
+        raise RunDirLocked(error)
+    try:
+        current = OmegaConf.to_container(cfg, resolve=True)
+        allowed = list(cfg.trainer.get("resume_overrides") or [])
+        keys = _flat(current)
+        for k in allowed:
+            if not any(_covered(key, [k]) for key in keys):
+                raise ValueError(f"trainer.resume_overrides: {k} is not a config key (e.g. optimizer.lr)")
+        state = load_checkpoint(b.resume_ckpt) if b.resume_ckpt is not None else None
+        reference, source = None, None
+        resolved = run_dir / "config_resolved.yaml"
+        if state is not None:
+            reference, source = state.get("config"), f"checkpoint {b.resume_ckpt}"
+            if reference is None and info.is_main:
+                print(f"note: {b.resume_ckpt} predates config checks; resuming it without comparing configs",
+                      file=sys.stderr)
+        elif (cfg.trainer.resume not in (False, None, "false", "none") and (run_dir / "results.json").exists()
+              and resolved.exists()):  # a finished run without a checkpoint (trainer.checkpoint_every=0)
+            reference, source = yaml.safe_load(resolved.read_text()), f"finished run, {resolved.name}"
+        changes = config_changes(reference, current) if reference is not None else {}
+        refused = {k: v for k, v in changes.items() if not _covered(k, allowed)}
+        if refused:
+            shown = ", ".join(f"{k}: {v[0]!r} -> {v[1]!r}" for k, v in list(refused.items())[:6])
+            more = f" (+{len(refused) - 6} more)" if len(refused) > 6 else ""
+            raise ResumeConfigMismatch(
+                f"{run_dir} holds a run with another config ({source}): {shown}{more}; nothing was overwritten. "
+                f"Start the new run elsewhere (hydra.run.dir=...), or start this dir over (trainer.resume=false), "
+                f"or continue this run with the change applied (trainer.resume_overrides=[{','.join(refused)}])")
+        if info.is_main:
+            _keep_run_dir_config(run_dir, current)
+            for p in remove_stale_temp_files(run_dir / "checkpoints"):
+                print(f"removed {p} (left by a killed checkpoint write)", file=sys.stderr)
+    except BaseException:
+        if lock is not None:
+            _restore_hydra_files(run_dir)
+            lock.release()
+        raise
+    return Claim(lock=lock, state=state, config=current, changes=changes)
+
+
+def _hydra_output(run_dir: Path) -> Path | None:
+    """``<run dir>/.hydra`` when Hydra wrote it for this process (so it may have replaced another run's)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        if not HydraConfig.initialized():
+            return None
+        hc = HydraConfig.get()
+        if hc.output_subdir is None or Path(hc.runtime.output_dir).resolve() != Path(run_dir).resolve():
+            return None
+        return Path(run_dir) / hc.output_subdir
+    except Exception:
+        return None
+
+
+def _keep_run_dir_config(run_dir: Path, container: dict) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(container, sort_keys=False).encode()
+    write_bytes(run_dir / "config_resolved.yaml", text)
+    hydra_dir = _hydra_output(run_dir)
+    if hydra_dir is not None:
+        for name in _HYDRA_FILES:
+            if (hydra_dir / name).exists():
+                write_bytes(run_dir / ".flatbnn" / "hydra" / name, (hydra_dir / name).read_bytes())
+
+
+def _restore_hydra_files(run_dir: Path) -> None:
+    """Put back the Hydra files of the run that owns ``run_dir`` (a refused rerun's Hydra replaced them)."""
+    hydra_dir, kept = _hydra_output(run_dir), Path(run_dir) / ".flatbnn" / "hydra"
+    if hydra_dir is None or not kept.is_dir():
+        return
+    for name in _HYDRA_FILES:
+        if (kept / name).exists():
+            write_bytes(hydra_dir / name, (kept / name).read_bytes())
+
+
+def _optimizer_snapshot(method) -> dict | None:
+    """The freshly built optimiser's hyperparameters and schedule parameters (this run's config)."""
+    opt, sched = getattr(method, "optimizer", None), getattr(method, "scheduler", None)
+    if opt is None:
+        return None
+    lambdas = [copy.deepcopy(fn.__dict__) if not isinstance(fn, types.FunctionType) else None
+               for fn in getattr(sched, "lr_lambdas", [])]
+    return {"groups": [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in opt.param_groups],
+            "lambdas": lambdas}
+
+
+def _apply_resume_overrides(method, fresh: dict | None, keys: list[str]) -> None:
+    """Write the values of ``trainer.resume_overrides`` that live in the restored optimiser / schedule
+    into them: ``optimizer.<field>`` or ``method.<field>`` sets that param-group field (lr: the schedule's
+    base lr, the current lr rescaled to it); a schedule-shaping key keeps this config's schedule at the
+    restored step. Other keys take effect where the run reads them from the config (flatness.*, ...)."""
+    opt, sched = getattr(method, "optimizer", None), getattr(method, "scheduler", None)
+    if not keys or fresh is None or opt is None or len(fresh["groups"]) != len(opt.param_groups):
+        return
+    fields = {k.rsplit(".", 1)[-1] for k in keys if k.startswith(("optimizer.", "method."))}
+    for group, new in zip(opt.param_groups, fresh["groups"]):
+        for field in fields - {"lr"}:
+            if field in group and field in new:
+                group[field] = new[field]
+        if "lr" in fields:
+            new0, old0 = new.get("initial_lr", new["lr"]), group.get("initial_lr", group["lr"])
+            group["lr"] = group["lr"] * new0 / old0 if old0 else new0
+            if "initial_lr" in group:
+                group["initial_lr"] = new0
+    if sched is None or not hasattr(sched, "base_lrs"):
+        return
+    if "lr" in fields:
+        sched.base_lrs = [g.get("initial_lr", g["lr"]) for g in opt.param_groups]
+    if any(_covered(k, _SCHEDULE_KEYS) for k in keys) and hasattr(sched, "lr_lambdas"):
+        for fn, d in zip(sched.lr_lambdas, fresh["lambdas"]):
+            if d is not None:
+                fn.__dict__.update(d)
+        for g, base, fn in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas):
+            g["lr"] = base * fn(sched.last_epoch)
+    sched._last_lr = [g["lr"] for g in opt.param_groups]
+
+
 def run(cfg: DictConfig, run_dir: Path | None = None) -> dict | None:
     """Train and evaluate one configuration. Returns the results dict on rank 0 (None elsewhere)."""
     t_start = time.perf_counter()
-    tc = cfg.trainer
+    from flatbnn.engine.validate import validate_config
+    validate_config(cfg, run_dir or run_dir_from_hydra())  # types, ranges, device, writable run dir: before any data
     b = build(cfg, run_dir, training=True)
+    claim = claim_run_dir(b)  # nothing in the run dir is written before this passed
+    try:
+        return _train_and_evaluate(b, claim, t_start)
+    finally:
+        if claim.lock is not None:
+            claim.lock.release()
+
+
+def _train_and_evaluate(b: Built, claim: "Claim", t_start: float) -> dict | None:
+    cfg, tc = b.cfg, b.cfg.trainer
     info, run_dir, method = b.info, b.run_dir, b.method
 
     # ---------------------------------------------------------------- resume
@@ -359,9 +572,14 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict | None:
                       limit_train_batches=tc.limit_train_batches, channels_last=tc.channels_last)
     ckpt = b.resume_ckpt
     if ckpt is not None:
-        trainer.restore(load_checkpoint(ckpt), method, b.backprop, b.generator)
+        fresh = _optimizer_snapshot(method)  # this config's hyperparameters, before the checkpoint's replace them
+        trainer.restore(claim.state, method, b.backprop, b.generator, path=ckpt)
+        _apply_resume_overrides(method, fresh, list(claim.changes))
         if info.is_main:
-            print(f"resuming from {ckpt} at epoch {trainer.epoch}, step {trainer.step_in_epoch}", file=sys.stderr)
+            print(f"resuming from {ckpt} at epoch {trainer.epoch}, step {trainer.step_in_epoch}"
+                  + (f", with {', '.join(f'{k}={v[1]}' for k, v in claim.changes.items())} applied (was "
+                     f"{', '.join(str(v[0]) for v in claim.changes.values())})" if claim.changes else ""),
+                  file=sys.stderr)
     elif b.init_from is not None and info.is_main:
         print(f"initialised the model from {b.init_from['path']}", file=sys.stderr)
     if info.is_main:
@@ -379,8 +597,13 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict | None:
         keys = ("accuracy", "nll", "ece")
         return {f"{name}/{k}": m[k] for k in keys}
 
+    history = list((claim.state or {}).get("resume_changes") or [])
+    if claim.changes:
+        history.append({"global_step": trainer.global_step,
+                        "changes": {k: list(v) for k, v in claim.changes.items()}})
     trainer.fit(method, b.flatness, b.backprop, b.train_loader, b.sampler, b.bundle.train,
-                evaluate_epoch=evaluate_epoch if tc.eval_every else None, generator=b.generator)
+                evaluate_epoch=evaluate_epoch if tc.eval_every else None, generator=b.generator,
+                checkpoint_extra={"config": claim.config, "resume_changes": history})
 
     # ---------------------------------------------------------------- final evaluation
     metrics, predictive = final_evaluate(b)
@@ -389,13 +612,15 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict | None:
         meta = results_meta(b, steps=trainer.global_step, train_seconds=trainer.elapsed,
                             wall_seconds=time.perf_counter() - t_start, overrides=_overrides(),
                             model_name=_model_name(cfg), run_dir=run_dir)
+        if history:  # values changed on a resume (trainer.resume_overrides): where and what
+            meta["resume_changes"] = history
         results = {"metrics": metrics, "meta": meta}
         write_json(run_dir / "results.json", results)
         for lg in trainer.loggers:
             lg.log_results(results)
             lg.finish()
         if tc.reliability_diagram:
-            _reliability(predictive["test"].exp(), b.test_targets, run_dir / "reliability.png", b.eval_cfg.ece_bins)
+            _reliability(predictive["test"].exp(), b.test_targets, run_dir / "reliability.png", b.eval_cfg)
     D.barrier(info)
     D.cleanup(info)
     return results
@@ -428,12 +653,15 @@ def _overrides() -> list:
         return []
 
 
-def _reliability(probs, targets, path, n_bins):
+def _reliability(probs, targets, path, eval_cfg: EvalConfig):
     try:
         from flatbnn.metrics.reliability import reliability_diagram
-        reliability_diagram(probs, targets, path, n_bins=n_bins)
+        # the binning of results.json's ece, so the diagram's ECE label is that number
+        reliability_diagram(probs, targets, path, n_bins=eval_cfg.ece_bins, binning=eval_cfg.ece_binning,
+                            edges=eval_cfg.ece_edges)
     except ImportError as e:  # matplotlib is optional at run time
         print(f"reliability diagram skipped: {e}", file=sys.stderr)
 
 
-__all__ = ["Built", "InitWeights", "build", "final_evaluate", "results_meta", "run"]
+__all__ = ["Built", "Claim", "InitWeights", "RESUME_EXEMPT", "ResumeConfigMismatch", "build", "claim_run_dir",
+           "config_changes", "final_evaluate", "results_meta", "run"]

@@ -3,10 +3,18 @@
 
 Duties: epochs, progress bar, per-epoch metrics, atomic checkpoints (incl. sampler position and
 every RNG state), resume, SIGTERM/SIGUSR1 preemption, stopping on a non-finite loss.
+
+Divergence: a checkpoint can hold weights whose next step is already non-finite (the last update
+before it blew up). So the newest checkpoint that a finite step has followed is kept as ``good.pt``
+(a hard link, no copy); when a run diverges, ``last.pt`` is rewound to it (the newer one is kept as
+``diverged.pt``), so the advised rerun -- a lower lr via ``trainer.resume_overrides`` -- resumes from
+weights that were fine. A finished run keeps only ``last.pt``.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import signal
 import time
 from pathlib import Path
@@ -16,7 +24,7 @@ from tqdm.auto import tqdm
 
 from flatbnn.engine import distributed as D
 from flatbnn.engine.backprop import global_rng_state, set_global_rng_state
-from flatbnn.engine.checkpoint import save_checkpoint
+from flatbnn.engine.checkpoint import CheckpointError, link_checkpoint, save_checkpoint
 
 CHECKPOINT_FORMAT = 1
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again" -- requeue the job, it resumes from the checkpoint
@@ -27,18 +35,25 @@ class Diverged(RuntimeError):
 
 
 class Preempted(Exception):
-    pass
+    def __init__(self, message: str, signum: int | None = None):
+        super().__init__(message)
+        self.signum = signum  # which signal stopped the run (train.py hands SIGUSR2 on to submitit's requeue)
+
+
+# SIGTERM / SIGUSR1 (SLURM preemption, `scancel --signal`) and SIGUSR2 (submitit's time-limit / preemption signal)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
 
 class _StopFlag:
-    """SIGTERM / SIGUSR1 (SLURM preemption) -> finish the step, checkpoint, exit."""
+    """A stop signal -> finish the step, checkpoint, exit."""
 
     def __init__(self):
         self.raised = False
+        self.signum = None
         self._old = {}
 
     def __enter__(self):
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        for sig in STOP_SIGNALS:
             try:
                 self._old[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not the main thread
@@ -47,20 +62,35 @@ class _StopFlag:
 
     def _handle(self, signum, frame):
         self.raised = True
+        self.signum = signum
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, *exc):
         for sig, old in self._old.items():
             signal.signal(sig, old)
+        if self.raised and exc_type is None and callable(self._old.get(self.signum)):
+            # arrived after the last step's check (final epoch end): the caller's handler (train.py) must see it
+            signal.raise_signal(self.signum)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist
+        return False
 
 
 class Trainer:
     def __init__(self, *, epochs: int, run_dir: Path, info: D.DistInfo, device: torch.device,
                  checkpoint_every: int = 1, eval_every: int = 1, progress: bool = True,
                  limit_train_batches: int | None = None, channels_last: bool = False,
-                 loggers=(), log_every: int = 1):
+                 loggers=(), log_every: int = 50):
         self.epochs = int(epochs)
         self.run_dir = Path(run_dir)
         self.ckpt_path = self.run_dir / "checkpoints" / "last.pt"
+        self.good_path = self.ckpt_path.with_name("good.pt")          # newest checkpoint a finite step followed
+        self.diverged_path = self.ckpt_path.with_name("diverged.pt")  # the one after it, when the run diverged
+        self._unverified: Path | None = None  # the checkpoint the run stands on, until a finite step follows it
+        self._last_is_good = False
         self.info = info
         self.device = device
         self.checkpoint_every = int(checkpoint_every)
@@ -69,6 +99,9 @@ class Trainer:
         self.limit = limit_train_batches
         self.channels_last = channels_last
         self.loggers = list(loggers)
+        # the per-step loss stays on the device and is read every log_every steps (and before any
+        # checkpoint): reading it each step is a host sync that stalls the GPU queue
+        self.log_every = max(int(log_every), 1)
         # position
         self.epoch = 0
         self.step_in_epoch = 0
@@ -91,11 +124,12 @@ class Trainer:
             "rng": all_rng, **extra,
         }
 
-    def restore(self, state: dict, method, backprop, generator) -> None:
+    def restore(self, state: dict, method, backprop, generator, path: Path | None = None) -> None:
         if state.get("world_size", 1) != self.info.world_size:
-            raise RuntimeError(
-                f"checkpoint was written by {state['world_size']} processes, this run has "
-                f"{self.info.world_size}; resume with the same number (results depend on it)")
+            raise CheckpointError(
+                f"{path or 'the checkpoint'} was written by {state['world_size']} processes, this run has "
+                f"{self.info.world_size}; resume with the same number (results depend on it), or start afresh "
+                f"with trainer.resume=false or another hydra.run.dir")
         self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
         self.global_step, self.elapsed = state["global_step"], state["elapsed"]
         method.load_state_dict(state["method"])
@@ -104,12 +138,41 @@ class Trainer:
         set_global_rng_state(rng["global"])
         if generator is not None and rng["generator"] is not None:
             generator.set_state(rng["generator"])
+        self._unverified = Path(path) if path is not None else None
 
     def save(self, method, backprop, generator, extra: dict) -> None:
         state = self.state(method, backprop, generator, extra)  # collective under DDP
         if self.info.is_main:
             save_checkpoint(self.ckpt_path, state)
+        self._unverified, self._last_is_good = self.ckpt_path, False
         D.barrier(self.info)
+
+    def _promote(self) -> None:
+        """A finite step followed the checkpoint the run stands on: it is the newest good one."""
+        src, self._unverified = self._unverified, None
+        self._last_is_good = _same_file(src, self.ckpt_path)
+        if self.info.is_main and src.exists() and not _same_file(src, self.good_path):
+            link_checkpoint(src, self.good_path)
+
+    def _rewind_after_divergence(self) -> str:
+        """Make ``last.pt`` the newest checkpoint a finite step followed (rank 0 moves files); says where
+        a rerun resumes."""
+        last, good, main = self.ckpt_path, self.good_path, self.info.is_main
+        on_last = self._unverified is not None and _same_file(self._unverified, last)
+        if not on_last or _same_file(last, good):
+            if last.exists():
+                return f"a rerun resumes from {last}" + (
+                    ", which a finite step followed" if self._last_is_good or _same_file(last, good) else "")
+            return "no checkpoint in this run dir yet: a rerun starts over"
+        if main:
+            os.replace(last, self.diverged_path)
+        if good.exists():
+            if main:
+                link_checkpoint(good, last)
+            return (f"{last} is rewound to the newest checkpoint a finite step followed (the newer one, whose "
+                    f"next step was not finite, is kept as {self.diverged_path.name})")
+        return (f"no checkpoint was followed by a finite step (the last one is kept as {self.diverged_path.name}): "
+                f"a rerun starts over")
 
     # ---------------------------------------------------------------- loop
     def to_device(self, batch):
@@ -133,6 +196,7 @@ class Trainer:
                 method.train()
                 t0 = time.perf_counter()
                 loss_sum, n_steps, n_images = 0.0, 0, 0
+                pending = []  # losses of steps not read yet (device tensors)
                 bar = tqdm(total=steps_per_epoch, initial=self.step_in_epoch, disable=not self.progress,
                            desc=f"epoch {epoch + 1}/{self.epochs}", leave=False, dynamic_ncols=True)
                 for batch in loader:
@@ -142,26 +206,23 @@ class Trainer:
                     if flatness.rho_schedule == "lr":
                         flatness.set_lr_ratio(method.lr_ratio())
                     out = method.train_step(batch, flatness, backprop)
-                    loss = float(out["loss"])
-                    if not torch.isfinite(torch.tensor(loss)):
-                        raise Diverged(
-                            f"non-finite loss ({loss}) at epoch {epoch + 1}, step {self.step_in_epoch + 1} "
-                            f"(global step {self.global_step + 1}); last good checkpoint: "
-                            f"{self.ckpt_path if self.ckpt_path.exists() else 'none'}; "
-                            f"lower optimizer.lr or flatness.rho, or use trainer.precision=fp32")
-                    loss_sum += loss
+                    pending.append(out["loss"])
                     n_steps += 1
                     n_images += batch[1].numel()
                     self.step_in_epoch += 1
                     self.global_step += 1
                     bar.update(1)
-                    bar.set_postfix(loss=f"{loss:.4f}", lr=f"{method.lr():.3g}", refresh=False)
+                    if len(pending) >= self.log_every:
+                        loss_sum += self._read_losses(pending, epoch, bar, method)
                     if self._stop_requested(stop):
+                        loss_sum += self._read_losses(pending, epoch, bar, method)  # never checkpoint a NaN
                         bar.close()
                         self.elapsed += time.perf_counter() - t0
                         self.save(method, backprop, generator, extra)
                         raise Preempted(f"stopped by signal at epoch {epoch + 1}, step {self.step_in_epoch}; "
-                                        f"checkpoint {self.ckpt_path}; rerun the same command to resume")
+                                        f"checkpoint {self.ckpt_path}; rerun the same command to resume",
+                                        stop.signum)
+                loss_sum += self._read_losses(pending, epoch, bar, method)
                 bar.close()
                 method.on_epoch_end(epoch)
                 train_time = time.perf_counter() - t0
@@ -188,6 +249,33 @@ class Trainer:
                 if self.checkpoint_every and (self.epoch % self.checkpoint_every == 0
                                               or self.epoch == self.epochs):
                     self.save(method, backprop, generator, extra)
+            if self.info.is_main:  # trained to the end: last.pt is the result, the fallbacks are no longer needed
+                self.good_path.unlink(missing_ok=True)
+                self.diverged_path.unlink(missing_ok=True)
+
+    def _read_losses(self, pending: list, epoch: int, bar, method) -> float:
+        """Sum of the ``pending`` step losses, read in one host sync, then cleared; ``Diverged`` names
+        the first non-finite one (those steps ran before the check, but no checkpoint was written since)."""
+        if not pending:
+            return 0.0
+        losses = torch.stack([torch.as_tensor(v, device=self.device).detach().double().reshape(())
+                              for v in pending]).cpu().tolist()
+        if self._unverified is not None and math.isfinite(losses[0]):  # the first step after the checkpoint
+            self._promote()
+        for i, loss in enumerate(losses):
+            if not math.isfinite(loss):  # host floats by now: no further device reads
+                back = len(losses) - i - 1  # steps taken after the bad one
+                raise Diverged(
+                    f"non-finite loss ({loss}) at epoch {epoch + 1}, step {self.step_in_epoch - back} "
+                    f"(global step {self.global_step - back}, lr {method.lr():.3g}); "
+                    f"{self._rewind_after_divergence()}; rerun the same command with a lower optimizer.lr and "
+                    f"trainer.resume_overrides=[optimizer.lr] (likewise flatness.rho, or trainer.precision=fp32)")
+        pending.clear()
+        bar.set_postfix(loss=f"{losses[-1]:.4f}", lr=f"{method.lr():.3g}", refresh=False)
+        total = 0.0
+        for loss in losses:  # in step order, in float64: the same sum as reading each step
+            total += loss
+        return total
 
     def _stop_requested(self, stop: _StopFlag) -> bool:
         if not self.info.enabled:

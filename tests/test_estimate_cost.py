@@ -1,0 +1,105 @@
+"""scripts/estimate_cost.py: the FLOP counting, the per-run formula, a real row, and the docs rewrite."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+from torch import nn
+
+from helpers import REPO
+
+_spec = importlib.util.spec_from_file_location("estimate_cost", REPO / "scripts" / "estimate_cost.py")
+ec = importlib.util.module_from_spec(_spec)
+sys.modules["estimate_cost"] = ec  # dataclasses look their module up by name
+_spec.loader.exec_module(ec)
+
+TINY = ["dataset=digits", "model=mlp", "trainer.epochs=7"]
+
+
+def _compose(overrides):
+    from flatbnn.reproduce import launch
+
+    return launch.compose_cell(overrides)
+
+
+def test_forward_flops_of_a_linear_stack():
+    # a Linear layer is one in x out matmul per image: 2 * in * out FLOPs (bias and ReLU are not counted)
+    net = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
+    assert ec.forward_flops(net, (5,)) == 2 * (5 * 7 + 7 * 3)
+
+
+def test_run_cost_passes_members_samples():
+    base = ec.run_cost(_compose(TINY + ["method=map", "flatness=none"]))
+    n_train, n_test = ec.SPLIT_SIZES["digits"]
+    assert (base.passes, base.members, base.samples, base.epochs) == (1, 1, 1, 7)
+    assert base.train_flops == 3 * base.forward_flops * n_train * 7
+    assert base.eval_flops == base.forward_flops * n_test
+    sam = ec.run_cost(_compose(TINY + ["method=map", "flatness=sam"]))
+    assert sam.passes == 2 and sam.train_flops == 2 * base.train_flops and sam.eval_flops == base.eval_flops
+    # a preset that composes SAM (F-SWAG) is two-pass too, found from the composed config, not the override name
+    assert ec.run_cost(_compose(TINY + ["method=f_swag"])).passes == 2
+    ens = ec.run_cost(_compose(TINY + ["method=deep_ens", "method.num_members=3", "flatness=none"]))
+    assert ens.train_flops == 3 * base.train_flops and ens.eval_flops == 3 * base.eval_flops  # each member predicts
+    sub = ec.run_cost(_compose(TINY + ["method=map", "flatness=none", "dataset.train_subset=100",
+                                       "dataset.test_subset=50"]))
+    assert (sub.train_images, sub.test_images) == (100, 50)
+
+
+@pytest.mark.slow
+def test_row_counts_runs_and_two_pass_share(monkeypatch):
+    from flatbnn.reproduce import spec
+
+    cells = [c for c in spec.load_row("bsam_t6").cells_for("paper") if not c.blocked]
+    runs = sum(len(c.seeds) for c in cells)
+    # independent of the composed configs: which cells name a two-pass method or flatness in their overrides
+    two_pass = sum(len(c.seeds) for c in cells
+                   if any(o in ("method=bsam", "method=vsam", "method=sam_adam", "flatness=sam") for o in c.overrides))
+    cost = ec.row_cost("bsam_t6")
+    assert (cost.runs, cost.two_pass_runs) == (runs, two_pass) and 0 < two_pass < runs
+    # every cell of the row trains one network per dataset for the same epochs, so doubling the two-pass cells'
+    # training is (1 + share) x the one-pass count (the evaluation is never doubled)
+    monkeypatch.setattr(ec, "TWO_PASS_FLATNESS", set())
+    monkeypatch.setattr(ec, "TWO_PASS_METHODS", set())
+    one_pass = ec.row_cost("bsam_t6")
+    assert one_pass.two_pass_runs == 0
+    by_net = {}
+    for c in cells:
+        by_net.setdefault(ec.run_cost(_compose(list(c.overrides))).network, []).append(c)
+    # per network the share is the same here (the methods are crossed with the data sets)
+    shares = {n: sum(any(o in ("method=bsam", "method=vsam", "method=sam_adam", "flatness=sam")
+                         for o in c.overrides) for c in cs) / len(cs) for n, cs in by_net.items()}
+    assert len(set(shares.values())) == 1
+    share = two_pass / runs
+    eval_flops = sum(len(c.seeds) * ec.run_cost(_compose(list(c.overrides))).eval_flops for c in cells)
+    assert cost.flops - eval_flops == pytest.approx((1 + share) * (one_pass.flops - eval_flops), rel=1e-9)
+
+
+def test_replace_table_keeps_the_rest(tmp_path):
+    text = f"intro\n{ec.START}\n| old |\n{ec.END}\noutro\n"
+    assert ec.replace_table(text, "| new |\n") == f"intro\n{ec.START}\n| new |\n{ec.END}\noutro\n"
+    with pytest.raises(ec.CostError):
+        ec.replace_table("no markers here\n", "| new |\n")
+
+
+def test_bad_input_exits_2_and_leaves_docs_untouched(tmp_path, capsys):
+    docs = tmp_path / "cluster.md"
+    docs.write_text("no markers\n")
+    assert ec.main(["--rows", "bsam_t6", "--write-docs", "--docs", str(docs)]) == 2
+    assert docs.read_text() == "no markers\n"
+    assert ec.main(["--rows", "no_such_row"]) == 2
+    assert ec.main(["--tflops", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith("error: ") for line in err)
+
+
+@pytest.mark.slow
+def test_write_docs_replaces_the_table(tmp_path, capsys):
+    docs = tmp_path / "cluster.md"
+    docs.write_text(f"before\n{ec.START}\n| stale |\n{ec.END}\nafter\n")
+    assert ec.main(["--rows", "bsam_t6", "--tflops", "25", "--write-docs", "--docs", str(docs)]) == 0
+    text = docs.read_text()
+    assert text.startswith(f"before\n{ec.START}\n| row |") and text.endswith(f"{ec.END}\nafter\n")
+    assert "| `bsam_t6` | 42 |" in text and "| **all** | **42** |" in text and "stale" not in text
+    assert list(tmp_path.iterdir()) == [docs]  # no temporary file left behind

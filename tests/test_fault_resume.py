@@ -1,0 +1,201 @@
+"""Trust under faults: a resume never relabels another config's run, one process per run dir, a diverged
+run recovers from a checkpoint whose next step was finite, and killed / failed checkpoint writes leave
+nothing behind."""
+
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from helpers import REPO, run_cfg, train_cli
+
+SMALL = ["dataset=digits", "model=mlp", "model.hidden=[16]", "method=map", "dataset.train_subset=256",
+         "dataset.test_subset=50", "trainer.batch_size=64", "trainer.eval_every=0", "trainer.reliability_diagram=false"]
+
+
+def _snapshot(run, names):
+    return {n: (run / n).read_bytes() for n in names if (run / n).exists()}
+
+
+# ------------------------------------------------------------------ 2. resume checks the config
+def test_rerun_with_another_config_is_refused_and_nothing_is_overwritten(tmp_path):
+    run = tmp_path / "run"
+    train_cli(SMALL + ["trainer.epochs=1"], run)
+    names = ["results.json", "metrics.jsonl", ".hydra/config.yaml", ".hydra/overrides.yaml", "checkpoints/last.pt",
+             "config_resolved.yaml"]
+    before = _snapshot(run, names)
+    assert len(before) == len(names)
+    p = train_cli(SMALL + ["trainer.epochs=1", "optimizer.lr=0.01", "seed=3"], run, check=False)
+    err = p.stderr.strip()
+    assert p.returncode == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for needle in ("optimizer.lr: 0.05 -> 0.01", "seed: 0 -> 3", "trainer.resume=false", "hydra.run.dir"):
+        assert needle in err, (needle, err)
+    assert _snapshot(run, names) == before  # Hydra's rewritten files were put back, the rest never touched
+
+
+def test_resume_accepts_watching_keys_and_refuses_a_finished_run_without_checkpoint(tmp_path):
+    args = SMALL + ["trainer.epochs=1"]
+    ref = run_cfg(args, tmp_path / "a")
+    # how the run is watched / how fast it goes may change: the same run (eval batches of 7: float sums differ)
+    again = run_cfg(args + ["trainer.eval_every=1", "trainer.num_workers=0", "trainer.eval_batch_size=7",
+                            "trainer.checkpoint_every=2"], tmp_path / "a")
+    assert again["metrics"]["nll"] == pytest.approx(ref["metrics"]["nll"], rel=1e-6)
+    assert again["meta"]["budget"]["steps"] == ref["meta"]["budget"]["steps"] == 4
+    # a finished run without a checkpoint is still protected (config_resolved.yaml is the reference)
+    from flatbnn.engine.run import ResumeConfigMismatch
+    run_cfg(args + ["trainer.checkpoint_every=0"], tmp_path / "b")
+    before = (tmp_path / "b" / "results.json").read_bytes()
+    with pytest.raises(ResumeConfigMismatch, match="seed: 0 -> 1"):
+        run_cfg(args + ["trainer.checkpoint_every=0", "seed=1"], tmp_path / "b")
+    assert (tmp_path / "b" / "results.json").read_bytes() == before
+    # the two ways out work
+    run_cfg(args + ["seed=1"], tmp_path / "c")
+    run_cfg(args + ["trainer.checkpoint_every=0", "seed=1", "trainer.resume=false"], tmp_path / "b")
+
+
+def test_resume_override_applies_the_new_lr_to_the_restored_optimizer(tmp_path):
+    """constant schedule: epoch 2 of a run resumed with optimizer.lr changed logs the new lr; a key that
+    is not in the config is one clear error."""
+    args = SMALL + ["scheduler=constant", "optimizer.lr=0.05"]
+    run_cfg(args + ["trainer.epochs=1"], tmp_path)
+    res = run_cfg(SMALL + ["scheduler=constant", "optimizer.lr=0.02", "trainer.epochs=2",
+                           "trainer.resume_overrides=[optimizer.lr,trainer.epochs]"], tmp_path)
+    lrs = [json.loads(x)["lr"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lrs == [0.05, 0.02]
+    assert res["meta"]["resume_changes"] == [{"global_step": 4, "changes": {"optimizer.lr": [0.05, 0.02],
+                                                                            "trainer.epochs": [1, 2]}}]
+    with pytest.raises(ValueError, match="optimizer.lrr is not a config key"):
+        run_cfg(args + ["trainer.epochs=2", "trainer.resume_overrides=[optimizer.lrr]"], tmp_path)
+
+
+# ------------------------------------------------------------------ 3. one process per run dir
+def _holder(run_dir, host_override=None):
+    """A live process holding the run dir's lock (prints once it holds it)."""
+    code = ("import sys, time, socket; from flatbnn.engine.checkpoint import RunDirLock; "
+            "l = RunDirLock(sys.argv[1]); l.acquire(); print('held', flush=True); time.sleep(120)")
+    p = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_second_process_is_refused_while_the_holder_lives_and_a_dead_holder_is_stale(tmp_path):
+    from flatbnn.engine.checkpoint import RunDirLocked
+    holder = _holder(tmp_path)
+    try:
+        with pytest.raises(RunDirLocked, match=f"in use by pid {holder.pid} on host {socket.gethostname()}"):
+            run_cfg(SMALL + ["trainer.epochs=1"], tmp_path)
+        assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "checkpoints").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    res = run_cfg(SMALL + ["trainer.epochs=1"], tmp_path)  # killed holder: its lock is stale, taken over
+    assert res["metrics"]["accuracy"] > 0 and not (tmp_path / ".flatbnn" / "lock").exists()
+
+
+def test_stale_lock_rules(tmp_path):
+    from flatbnn.engine.checkpoint import RunDirLock, RunDirLocked, _process_start
+    lock = RunDirLock(tmp_path)
+    lock.path.parent.mkdir(parents=True)
+    me = dict(lock.me)
+
+    def write(**kw):
+        lock.path.write_text(json.dumps({**me, "since": "x", **kw}))
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    write(host="some-other-node", pid=dead.pid)  # no such pid here, but it may live there: refused
+    with pytest.raises(RunDirLocked, match="some-other-node.*delete"):
+        lock.acquire()
+    if _process_start(os.getpid()) is not None:  # a recycled pid (another start time) is stale
+        write(start="1")
+        lock.acquire().release()
+        assert not lock.path.exists()
+    write(pid=dead.pid, start=None)  # same host, dead pid: stale
+    lock.acquire()
+    assert json.loads(lock.path.read_text())["pid"] == os.getpid()
+    lock.release()
+
+
+@pytest.mark.slow
+def test_two_train_processes_on_one_run_dir(tmp_path):
+    """A real second train.py on a live run dir: exit 2, one line; the first goes on undisturbed (then is
+    stopped by SIGTERM: it never ends on its own, so a slow machine cannot finish it first)."""
+    run = tmp_path / "run"
+    args = SMALL + ["trainer.epochs=100000", "trainer.eval_every=1"]
+    cmd = [sys.executable, str(REPO / "train.py"), *args, f"hydra.run.dir={run}", "trainer.progress=false"]
+    first = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not (run / "metrics.jsonl").exists():
+            time.sleep(0.05)
+        hydra_config = (run / ".hydra" / "config.yaml").read_bytes()
+        second = train_cli(args + ["seed=5"], run, check=False)
+        assert first.poll() is None
+        assert second.returncode == 2 and "in use by pid" in second.stderr, second.stderr
+        assert len(second.stderr.strip().splitlines()) == 1, second.stderr
+        assert (run / ".hydra" / "config.yaml").read_bytes() == hydra_config  # the holder's, put back
+    finally:
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=300)
+    assert first.returncode == 75, err
+    epochs = [json.loads(x)["epoch"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == list(range(1, len(epochs) + 1)) and len(epochs) >= 1
+    assert not (run / ".flatbnn" / "lock").exists()
+
+
+# ------------------------------------------------------------------ 6. divergence recovery as advised
+def test_diverged_run_resumes_with_a_lower_lr_as_advised_and_finishes_finite(tmp_path):
+    """4 steps/epoch; the lr jumps by 1e30 for the last update of epoch 2, so the checkpoint after epoch 2
+    holds weights whose next loss is NaN. The run must rewind to epoch 1's checkpoint, and the advised rerun
+    (lower optimizer.lr via trainer.resume_overrides) must train to the end with finite metrics."""
+    from flatbnn.engine.trainer import Diverged
+    args = SMALL + ["trainer.epochs=4", "scheduler=multistep", "scheduler.milestones=[0.4375]", "scheduler.gamma=1e30"]
+    with pytest.raises(Diverged) as exc:
+        run_cfg(args, tmp_path)
+    msg = str(exc.value)
+    assert "at epoch 3, step 1" in msg and "trainer.resume_overrides=[optimizer.lr]" in msg, msg
+    ckpts = tmp_path / "checkpoints"
+    assert torch.load(ckpts / "last.pt", weights_only=False)["epoch"] == 1          # rewound
+    assert torch.load(ckpts / "diverged.pt", weights_only=False)["epoch"] == 2      # kept for a look
+    res = run_cfg(args + ["optimizer.lr=1e-31", "trainer.resume_overrides=[optimizer.lr]"], tmp_path)
+    m = res["metrics"]
+    assert all(torch.isfinite(torch.tensor(m[k])) for k in ("accuracy", "nll", "ece", "brier"))
+    assert res["meta"]["budget"]["steps"] == 16 and m["accuracy"] > 0.3
+    assert sorted(p.name for p in ckpts.iterdir()) == ["last.pt"]  # a finished run keeps only last.pt
+
+
+# ------------------------------------------------------------------ 7. temp files of checkpoint writes
+def test_failed_checkpoint_write_leaves_no_temp_file_and_keeps_the_previous(tmp_path, monkeypatch):
+    from flatbnn.engine import checkpoint as C
+    path = tmp_path / "checkpoints" / "last.pt"
+    C.save_checkpoint(path, {"format": 1, "epoch": 1})
+
+    def full_disk(obj, f):
+        f.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(C.torch, "save", full_disk)
+    with pytest.raises(C.CheckpointError, match="No space left on device.*previous checkpoint is intact"):
+        C.save_checkpoint(path, {"format": 1, "epoch": 2})
+    assert [p.name for p in path.parent.iterdir()] == ["last.pt"]
+    assert C.load_checkpoint(path)["epoch"] == 1
+
+
+def test_stale_temp_files_of_killed_writers_are_removed_on_start(tmp_path):
+    run_cfg(SMALL + ["trainer.epochs=1"], tmp_path)
+    ckpts = tmp_path / "checkpoints"
+    stale = [ckpts / ".last.pt.tmp.4194301", ckpts / ".good.pt.tmp.12"]
+    kept = [ckpts / "notes.tmp.txt", tmp_path / ".results.json.tmp.12"]  # not ours / not the checkpoints dir
+    for p in stale + kept:
+        p.write_bytes(b"x" * 100)
+    run_cfg(SMALL + ["trainer.epochs=1"], tmp_path)
+    assert not any(p.exists() for p in stale) and all(p.exists() for p in kept)

@@ -3,18 +3,27 @@
 
     python scripts/benchmark.py --model resnet20_frn --batch-size 128 --steps 20 [--device cuda]
     python scripts/benchmark.py --configs map+none,map+sam,swag+none,swag+sam,sgld+none
+    python scripts/benchmark.py --smoke                  # tiny model, 2 steps: the pipeline in seconds (CI)
+    python scripts/benchmark.py --reference              # + minimal loops of the reference codes, same data
 
-Prints images/s and the step time relative to plain SGD (map+none) and to SAM (map+sam) measured in
-the same run; the pairs are timed in interleaved rounds (``--repeats``) and the median round is used,
-so drifting clocks or a busy neighbour hit every pair alike. SWAG collects every step here (worst
-case; normally once per epoch) and its per-collection time is shown. Synthetic inputs: this measures
-compute, not data loading. Not a timed test: numbers are printed.
+Every pair (and, with ``--reference``, every reference loop) is timed in interleaved rounds
+(``--repeats``): round r times all of them once, so drifting clocks or a busy neighbour hit every
+pair alike; the median step time over rounds is reported with its spread (min, max), and every ratio
+is the ratio of two reported median step times of this one process run. SWAG collects every step
+here (worst case; normally once per epoch) and its per-collection time is shown. Synthetic inputs:
+this measures compute, not data loading.
+
+Writes ``<out>/<device>-<date>[-smoke].json`` (device, torch, precision, batch, model, per row the
+step times of every round, median, spread and images/s, the ratios with the issue's GPU targets,
+git commit) and a Markdown table beside it (same name, ``.md``). Not a timed test: numbers are data.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import datetime
+import platform
+import re
 import statistics
 import sys
 import time
@@ -24,7 +33,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from flatbnn.cli import EXIT_CONFIG  # noqa: E402
 from flatbnn.engine.backprop import Backprop  # noqa: E402
+from flatbnn.engine.checkpoint import write_json  # noqa: E402
+from flatbnn.engine.provenance import git_commit, hardware  # noqa: E402
 from flatbnn.flatness import ASAM, SAM, FisherSAM, Geometry, NoFlatness, RandomSAM  # noqa: E402
 from flatbnn.methods.bsam import BSAM  # noqa: E402
 from flatbnn.methods.hwa import HWA  # noqa: E402
@@ -33,7 +45,9 @@ from flatbnn.methods.rsam import RandomSAMMethod  # noqa: E402
 from flatbnn.methods.sgvb import SGVB  # noqa: E402
 from flatbnn.methods.vsam import VariationalSAM  # noqa: E402
 from flatbnn.methods import MAP, SGLD, SWAG, MCDropout, RunContext  # noqa: E402
-from flatbnn.models import create_model  # noqa: E402
+from flatbnn.models import create_model, list_models  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
 
 FLATNESS = {
     "none": lambda: NoFlatness(),
@@ -66,34 +80,150 @@ DEFAULT = ("map+none,map+sam,map+asam,map+fsam,map+random,map+sam_m8,swag+none,s
            "hwa+none,hwa_lowrank+none,rsam+none,vsam+none,bsam+none,vogn+none,map_adam+none,map_adam+sam_m8")
 
 
+# (name, numerator row, denominator row, issue 17's target on one H100 in bf16 -- a GPU target, not a CPU one)
+RATIOS = [
+    ("SAM/SGD", "map+sam", "map+none", 2.05),
+    ("FSAM/SAM", "map+fsam", "map+sam", 1.02),
+    ("ASAM/SAM", "map+asam", "map+sam", 1.03),
+    ("SWAG/SGD", "swag+none", "map+none", 1.02),
+    ("bSAM/SAM-Adam", "bsam+none", "map_adam+sam_m8", 1.05),
+]
+# ours / reference loop on the same model, batch and data (target: faster, i.e. < 1)
+REFERENCE_RATIOS = [
+    ("SAM ours/ref", "map+sam", "ref:sam", 1.0),
+    ("ASAM ours/ref", "map+asam", "ref:asam", 1.0),
+    ("SWAG ours/ref", "swag+none", "ref:swag", 1.0),
+    ("SWAG collect ours/ref", "collect:swag", "ref:collect:swag", 1.0),
+    ("SWAG sample ours/ref", "sample:swag", "ref:sample:swag", 1.0),
+    ("bSAM ours/ref", "bsam+none", "ref:bsam", 1.0),
+]
+REFERENCE_ROWS = ("ref:sam", "ref:asam", "ref:swag", "ref:collect:swag", "ref:sample:swag", "ref:bsam")
+SMOKE = {"model": "mlp", "model_overrides": {"hidden": [64]}, "batch_size": 16, "steps": 2, "warmup": 1, "repeats": 3,
+         "configs": "map+none,map+sam,map+asam,map+fsam,swag+none,map_adam+sam_m8,bsam+none"}
+SWAG_RANK = 20
+
+
+class BadInput(ValueError):
+    pass
+
+
 def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
 
 
+def _input_shape(model: str) -> tuple[int, ...]:
+    return (1, 28, 28) if model == "mlp" else (3, 32, 32)
+
+
+def model_spec(name: str) -> tuple[str, dict]:
+    """Builder name and keyword arguments: ``configs/model/<name>.yaml``'s if it exists (``--model wrn28x10`` is
+    the runs' WRN-28-10, not the builder's defaults), else ``name`` in the model registry."""
+    from omegaconf import OmegaConf
+
+    path = REPO / "configs" / "model" / f"{name}.yaml"
+    if path.exists():
+        cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        skip = ("_target_", "name", "num_classes", "input_shape")
+        return cfg["name"], {k: v for k, v in cfg.items() if k not in skip}
+    if name not in list_models():
+        raise BadInput(f"--model {name!r}: neither configs/model/{name}.yaml nor a registered model")
+    return name, {}
+
+
+def create(args, **overrides):
+    name, kw = model_spec(args.model)
+    return create_model(name, 10, _input_shape(args.model), **{**kw, **args.model_overrides, **overrides})
+
+
+def _prepare(module, args, device):
+    """Model on the device in the requested layout; the forward module (compiled or not)."""
+    module = module.to(device)
+    if args.channels_last:
+        module = module.to(memory_format=torch.channels_last)
+    return module, (torch.compile(module) if args.compile else module)
+
+
+def _data(args, shape, device):
+    x = torch.randn(args.batch_size, *shape, device=device)
+    if args.channels_last and x.dim() == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x, torch.randint(0, 10, (args.batch_size,), device=device)
+
+
 def build(method_name: str, flat_name: str, args, device):
     """A closure running one training step of the pair, plus the method (for SWAG's collect)."""
-    torch.manual_seed(0)
-    shape = (1, 28, 28) if args.model == "mlp" else (3, 32, 32)
+    if method_name not in METHODS or flat_name not in FLATNESS:
+        raise BadInput(f"unknown pair {method_name}+{flat_name}: methods {sorted(METHODS)}, "
+                       f"flatness {sorted(FLATNESS)}")
+    torch.manual_seed(0)  # the same initial weights and data for every row (and the reference loops)
+    shape = _input_shape(args.model)
     kw = {"dropout": 0.05} if method_name == "mc_dropout" else {}
     method = METHODS[method_name]()
-    module = method.prepare_model(create_model(args.model, 10, shape, **kw)).to(device)
+    module, model = _prepare(method.prepare_model(create(args, **kw)), args, device)
     momentum = 0.0 if method_name == "sgld" else 0.9  # textbook SGLD has no momentum
-    ctx = RunContext(model=module, module=module, device=device, n_train=50_000,
+    ctx = RunContext(model=model, module=module, device=device, n_train=50_000,
                      steps_per_epoch=args.steps, epochs=1,
                      optimizer_factory=(lambda p: torch.optim.Adam(p, lr=1e-3)) if method_name == "map_adam"
                      else (lambda p: torch.optim.SGD(p, lr=0.01, momentum=momentum)),
-                     scheduler_factory=None, generator=torch.Generator(device=device).manual_seed(0))
+                     scheduler_factory=None, generator=torch.Generator(device=device).manual_seed(0),
+                     channels_last=args.channels_last)
     method.setup(ctx)
     flat = FLATNESS[flat_name]()
     flat.setup(ctx, method)
     bp = Backprop(module, device, precision=args.precision)
-    x = torch.randn(args.batch_size, *shape, device=device)
-    y = torch.randint(0, 10, (args.batch_size,), device=device)
+    x, y = _data(args, shape, device)
     method.train()
     for _ in range(args.warmup):
         method.train_step((x, y), flat, bp)
     return (lambda: method.train_step((x, y), flat, bp)), method
+
+
+def build_reference(name: str, args, device):
+    """A closure running one step of a reference loop (flatbnn/bench/reference.py) on the same
+    initial weights and data as ``build``; the same hyperparameters as our rows."""
+    from flatbnn.bench import reference as R
+    from flatbnn.engine.backprop import PRECISIONS
+
+    torch.manual_seed(0)
+    shape = _input_shape(args.model)
+    module, model = _prepare(create(args), args, device)
+    x, y = _data(args, shape, device)
+    dtype = PRECISIONS[args.precision]
+    model.train()
+    if name in ("ref:sam", "ref:asam"):
+        opt = (R.ReferenceSAM(module.parameters(), torch.optim.SGD, rho=0.05, lr=0.01, momentum=0.9)
+               if name == "ref:sam" else
+               R.ReferenceSAM(module.parameters(), torch.optim.SGD, rho=0.5, adaptive=True, lr=0.01, momentum=0.9))
+        step = lambda: R.reference_sam_step(model, opt, x, y, dtype)  # noqa: E731
+    elif name in ("ref:swag", "ref:collect:swag", "ref:sample:swag"):
+        opt = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
+        swag = R.ReferenceSWAG(module.parameters(), max_num_models=SWAG_RANK)
+        if name == "ref:swag":
+            def step():
+                R.reference_sgd_step(model, opt, x, y, dtype)
+                swag.collect_model()
+        else:
+            for _ in range(SWAG_RANK + 1):  # a full deviation buffer: the steady state
+                swag.collect_model()
+            g = torch.Generator(device=device).manual_seed(0)
+            step = swag.collect_model if name == "ref:collect:swag" else (lambda: swag.sample(0.5, True, g))
+    elif name == "ref:bsam":
+        bsam = R.ReferenceBSAM(model, n_data=50_000, generator=torch.Generator(device=device).manual_seed(0))
+        step = lambda: bsam.step(x, y, dtype)  # noqa: E731
+    else:
+        raise BadInput(f"unknown reference loop {name!r}: {list(REFERENCE_ROWS)}")
+    for _ in range(args.warmup):
+        step()
+    return step
+
+
+def build_swag_parts(method: SWAG, device):
+    """Our SWAG collection and sampling alone, with a full deviation buffer (the steady state)."""
+    for _ in range(method.max_rank + 1):
+        method.collect()
+    g = torch.Generator(device=device).manual_seed(0)
+    return method.collect, (lambda: method.sample_vector(g))
 
 
 def time_steps(step, steps: int, device) -> float:
@@ -105,33 +235,148 @@ def time_steps(step, steps: int, device) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="resnet20_frn")
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
+
+
+def device_slug(device: torch.device) -> str:
+    """The file-name part: 'cpu' or the GPU's name, lower case, words joined by '-'."""
+    if device.type != "cuda":
+        return "cpu"
+    return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(device).lower()).strip("-")
+
+
+def summarise(times: dict[str, list[float]], kinds: dict[str, str], args) -> dict:
+    """Per row: step times of every round (ms), median, min, max, spread and images/s."""
+    rows = {}
+    for name, rounds in times.items():
+        ms = [t / args.steps * 1e3 for t in rounds]
+        med = statistics.median(ms)
+        row = {"kind": kinds[name], "step_ms": ms, "step_ms_median": med, "step_ms_min": min(ms),
+               "step_ms_max": max(ms), "spread": (max(ms) - min(ms)) / med if med > 0 else None}
+        if kinds[name] == "step":  # collection / sampling rows process no images
+            row.update(images_per_s=args.batch_size / med * 1e3,
+                       images_per_s_min=args.batch_size / max(ms) * 1e3,
+                       images_per_s_max=args.batch_size / min(ms) * 1e3)
+        rows[name] = row
+    return rows
+
+
+def ratios(rows: dict, spec) -> dict:
+    """Every ratio is numerator median step time / denominator median step time of THIS run."""
+    out = {}
+    for name, num, den, target in spec:
+        if num in rows and den in rows:
+            value = rows[num]["step_ms_median"] / rows[den]["step_ms_median"]
+            out[name] = {"value": value, "numerator": num, "denominator": den, "target": target,
+                         "meets_target": value <= target}
+    return out
+
+
+def markdown(result: dict) -> str:
+    s, dev = result["settings"], result["device"]
+    git = result["git"]
+    lines = [f"# Benchmark: {s['model']}, batch {s['batch_size']}, {s['precision']}"
+             + (", channels_last" if s["channels_last"] else "") + (", compiled" if s["compile"] else ""),
+             "", f"**{result['label']}**", "",
+             f"device: {dev['name']} | torch {result['torch']} | {result['date']} | commit "
+             f"{git['commit'][:12]}{' (dirty tree)' if git.get('dirty') else ''} | {s['steps']} steps x "
+             f"{s['repeats']} interleaved rounds (median; spread = (max - min) / median)", "",
+             "| row | kind | step ms (median) | min | max | spread | images/s (median) | SWAG collect ms |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for name, r in result["rows"].items():
+        ips = f"{r['images_per_s']:.1f}" if r.get("images_per_s") else "–"
+        col = f"{r['collect_ms']:.3f}" if "collect_ms" in r else ""
+        lines.append(f"| {name} | {r['kind']} | {r['step_ms_median']:.3f} | {r['step_ms_min']:.3f} | "
+                     f"{r['step_ms_max']:.3f} | {r['spread']:.1%} | {ips} | {col} |")
+    if result["ratios"]:
+        lines += ["", "| ratio (median step times, this run) | value | issue-17 target (GPU) |", "|---|---:|---:|"]
+        for name, r in result["ratios"].items():
+            lines.append(f"| {name} = {r['numerator']} / {r['denominator']} | {r['value']:.3f} | ≤ {r['target']} |")
+    if result["skipped"]:
+        lines += ["", "Skipped: " + "; ".join(f"{k} ({v})" for k, v in result["skipped"].items())]
+    if s["reference"]:
+        lines += ["", "Reference rows (`ref:*`) are minimal loops written from the documented algorithms "
+                  "(flatbnn/bench/reference.py), not the original repositories' code. `ref:asam` scales every "
+                  "tensor by |w| (davda54/sam's adaptive mode), ours only `*weight*` tensors by |w| + eta: "
+                  "the same cost class, not the same computation."]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    ap.add_argument("--model", default="resnet20_frn",
+                    help="configs/model/<name>.yaml (e.g. wrn28x10) or a registry name")
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved timing rounds (median used)")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds (median used)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--precision", default="fp32")
-    ap.add_argument("--configs", default=DEFAULT, help="comma-separated method+flatness pairs")
-    ap.add_argument("--json", help="also write the numbers here")
-    args = ap.parse_args()
-    device = torch.device(args.device)
-    built = {}
-    for pair in args.configs.split(","):
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    ap.add_argument("--channels-last", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the backbone (ours and the reference)")
+    ap.add_argument("--configs", default=None, help=f"comma-separated method+flatness pairs (default: {DEFAULT})")
+    ap.add_argument("--reference", action="store_true", help="also time the reference loops (ours/ref ratios)")
+    ap.add_argument("--smoke", action="store_true", help="tiny model, 2 steps: the whole pipeline in seconds")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--label", default=None, help="what these numbers are (default: device and 'smoke')")
+    ap.add_argument("--out", default=str(REPO / "results" / "bench"),
+                    help="directory for <device>-<date>[-smoke].json and .md")
+    ap.add_argument("--json", default=None, help="write the JSON here instead (the .md goes beside it)")
+    args = ap.parse_args(argv)
+    args.model_overrides = {}
+    if args.smoke:
+        for k, v in SMOKE.items():
+            if k != "configs":
+                setattr(args, k, v)
+        args.configs = args.configs or SMOKE["configs"]
+    args.configs = args.configs or DEFAULT
+    for k in ("batch_size", "steps", "repeats"):
+        if getattr(args, k) < 1:
+            raise BadInput(f"--{k.replace('_', '-')} must be >= 1, got {getattr(args, k)}")
+    if args.warmup < 0:
+        raise BadInput(f"--warmup must be >= 0, got {args.warmup}")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as e:
+        raise BadInput(f"--device {args.device!r}: {e}") from None
+    steps, kinds, skipped, methods = {}, {}, {}, {}
+    pairs = [p for p in args.configs.split(",") if p]
+    if args.reference:  # the rows the ours/ref ratios need
+        pairs += [p for p in ("map+sam", "map+asam", "swag+none", "bsam+none") if p not in pairs]
+    for pair in pairs:
+        if pair.count("+") != 1:
+            raise BadInput(f"--configs: {pair!r} is not method+flatness (e.g. map+sam)")
         m, f = pair.split("+")
         try:
-            built[pair] = build(m, f, args, device)
+            steps[pair], methods[pair] = build(m, f, args, device)
+            kinds[pair] = "step"
+        except BadInput:
+            raise
         except (TypeError, ValueError) as e:  # e.g. mc_dropout on a backbone without dropout
+            skipped[pair] = str(e).splitlines()[0]
             print(f"skipping {pair}: {e}", file=sys.stderr)
-    times = {pair: [] for pair in built}
-    for _ in range(args.repeats):
-        for pair, (step, _) in built.items():
-            times[pair].append(time_steps(step, args.steps, device))
-    rows = {}
-    for pair, (_, method) in built.items():
-        rows[pair] = {"images_per_s": args.steps * args.batch_size / statistics.median(times[pair])}
+    if args.reference:
+        if "swag+none" in methods:
+            steps["collect:swag"], steps["sample:swag"] = build_swag_parts(methods["swag+none"], device)
+            kinds["collect:swag"], kinds["sample:swag"] = "collect", "sample"
+        for name in REFERENCE_ROWS:
+            steps[name] = build_reference(name, args, device)
+            kinds[name] = "step" if name in ("ref:sam", "ref:asam", "ref:swag", "ref:bsam") else name.split(":")[1]
+    times = {name: [] for name in steps}
+    for _ in range(args.repeats):  # interleaved: every row once per round
+        for name, step in steps.items():
+            times[name].append(time_steps(step, args.steps, device))
+    rows = summarise(times, kinds, args)
+    for pair, method in methods.items():
+        rows[pair].update(method=pair.split("+")[0], flatness=pair.split("+")[1])
         if isinstance(method, SWAG):
             _sync(device)
             t0 = time.perf_counter()
@@ -139,21 +384,48 @@ def main() -> None:
                 method.collect()
             _sync(device)
             rows[pair]["collect_ms"] = (time.perf_counter() - t0) / 5 * 1e3
-    base = rows.get("map+none", {}).get("images_per_s")
-    sam = rows.get("map+sam", {}).get("images_per_s")
-    hw = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
-    print(f"model={args.model} batch={args.batch_size} steps={args.steps} precision={args.precision} device={hw}")
-    print(f"{'method+flatness':<20}{'images/s':>12}{'vs map+none':>14}{'vs map+sam':>12}{'collect ms':>12}")
-    for pair, r in rows.items():
-        ratio = f"{base / r['images_per_s']:.3f}x" if base else "-"
-        vs_sam = f"{sam / r['images_per_s']:.3f}x" if sam else "-"
-        r["vs_map_none"] = base / r["images_per_s"] if base else None
-        r["vs_map_sam"] = sam / r["images_per_s"] if sam else None
-        col = f"{r['collect_ms']:.2f}" if "collect_ms" in r else ""
-        print(f"{pair:<20}{r['images_per_s']:>12.1f}{ratio:>14}{vs_sam:>12}{col:>12}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "device": hw, "rows": rows}, indent=2))
+    now = datetime.datetime.now(datetime.timezone.utc)
+    smoke_note = " -- smoke run: tiny model, 2 steps; checks the pipeline, not a performance number"
+    cpu_note = " -- CPU: relative costs only, not issue 17's GPU numbers"
+    label = args.label or (device_name(device) + (smoke_note if args.smoke else "")
+                           + (cpu_note if device.type == "cpu" else ""))
+    result = {
+        "schema": "flatbnn-benchmark/1",
+        "label": label,
+        "date": now.isoformat(timespec="seconds"),
+        "device": {"type": device.type, "name": device_name(device), "slug": device_slug(device),
+                   "threads": torch.get_num_threads()},
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "git": git_commit(),
+        "hardware": hardware(device, 1),
+        "settings": {"model": args.model, "model_overrides": args.model_overrides,
+                     "input_shape": list(_input_shape(args.model)),
+                     "batch_size": args.batch_size, "steps": args.steps, "warmup": args.warmup,
+                     "repeats": args.repeats, "precision": args.precision, "channels_last": args.channels_last,
+                     "compile": args.compile, "smoke": args.smoke, "reference": args.reference,
+                     "swag_collect": "every step (worst case)", "configs": pairs},
+        "rows": rows,
+        "ratios": {**ratios(rows, RATIOS), **ratios(rows, REFERENCE_RATIOS)},
+        "skipped": skipped,
+    }
+    json_path = Path(args.json) if args.json else (
+        Path(args.out) / f"{device_slug(device)}-{now.date().isoformat()}{'-smoke' if args.smoke else ''}.json")
+    write_json(json_path, result)
+    md = markdown(result)
+    md_path = json_path.with_suffix(".md")
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = md_path.with_name(f".{md_path.name}.tmp")
+    tmp.write_text(md)
+    tmp.replace(md_path)  # atomic, as the JSON
+    print(md)
+    print(f"wrote {json_path} and {md_path}")
+    return result
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BadInput as e:
+        print(f"benchmark.py: {e}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)

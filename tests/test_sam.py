@@ -151,3 +151,19 @@ def test_sam_bf16_autocast_gives_finite_gradient():
                                   lambda b: nn.functional.cross_entropy(net(b[0]), b[1]), (x, y), bp)
     assert torch.isfinite(loss)
     assert all(torch.isfinite(p.grad).all() for p in net.parameters())
+
+
+def test_a_non_finite_gradient_gives_no_ascent_and_a_finite_one_the_exact_sam_step():
+    # decided on the device (torch.where), not by `if`: a NaN/inf gradient must give eps = 0, never NaN
+    from flatbnn.flatness import SAM
+
+    p = [torch.zeros(3, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)]
+    flat = SAM(rho=0.5)
+    for bad in (float("inf"), float("nan")):
+        g = [torch.tensor([1.0, bad, 2.0], dtype=torch.float64), torch.ones(2, dtype=torch.float64)]
+        eps = flat.perturbation(p, g)
+        assert all(torch.equal(e, torch.zeros_like(e)) for e in eps)
+    g = [torch.tensor([3.0, 0.0, 0.0], dtype=torch.float64), torch.tensor([4.0, 0.0], dtype=torch.float64)]
+    eps = flat.perturbation(p, g)  # ||g|| = 5: eps = 0.5 g / 5
+    assert torch.allclose(eps[0], torch.tensor([0.3, 0.0, 0.0], dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(eps[1], torch.tensor([0.4, 0.0], dtype=torch.float64), atol=1e-12)

@@ -10,6 +10,9 @@ Design choices (see PITFALLS.md):
 * weights are restored by copy, not by subtracting eps, so rho = 0 reproduces the base optimiser
   bit for bit;
 * BatchNorm running statistics are updated on the first pass only by default (``bn_stats``);
+  under m-sharpness ``bn_chunks`` says which chunks may update them: ``all`` (default) or
+  ``first`` -- the official bSAM code's SAM threads the BN state through both passes of every
+  sub-batch and keeps the first sub-batch's (``bn_stats=both bn_chunks=first``);
 * the second pass replays the first pass's RNG state (``same_noise``) so dropout masks match and
   rho = 0 is exactly the base step;
 * under DDP the ascent pass runs inside ``no_sync()`` (forward *and* backward), i.e. each worker
@@ -28,6 +31,7 @@ import torch
 from flatbnn.flatness.base import Flatness, scaled
 
 BN_POLICIES = ("first", "second", "both", "none")
+BN_CHUNK_POLICIES = ("all", "first")
 
 
 def global_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -53,11 +57,16 @@ class SAM(Flatness):
         eps: float = 1e-12,
         m: int = 1,
         rho_schedule: str = "constant",
+        bn_chunks: str = "all",
     ):
         super().__init__(rho=rho, m=m, rho_schedule=rho_schedule)
         if bn_stats not in BN_POLICIES:
             raise ValueError(f"flatness.bn_stats must be one of {BN_POLICIES}, got {bn_stats!r}")
+        if bn_chunks not in BN_CHUNK_POLICIES:
+            raise ValueError(f"flatness.bn_chunks must be one of {BN_CHUNK_POLICIES}, got {bn_chunks!r}")
         self.bn_stats = bn_stats
+        self.bn_chunks = bn_chunks
+        self._chunk_index = 0
         self.same_noise = same_noise
         self.sync_ascent = sync_ascent
         self.eps = eps
@@ -82,21 +91,30 @@ class SAM(Flatness):
         numer, norm_terms = self.direction(sub(params), sub(grads), sub(scaling), sub(names))
         norm = global_norm(norm_terms)
         eps = [torch.zeros_like(p) for p in params]
-        if not torch.isfinite(norm):
-            return eps
-        factor = self.radius / (norm + self.eps)
+        # a non-finite gradient gives no ascent (eps = 0); decided on the device, since `if` on a tensor is a
+        # host sync every step. torch.where, not a zero factor: inf * 0 is NaN
+        finite = torch.isfinite(norm)
+        factor = torch.where(finite, self.radius / (norm + self.eps), torch.zeros_like(norm))
         for i, n in zip(idx, torch._foreach_mul(numer, factor)):
-            eps[i] = n.to(params[i].dtype)
+            eps[i] = torch.where(finite, n, torch.zeros_like(n)).to(params[i].dtype)
         return eps
 
     # ------------------------------------------------------------------ the two passes
+    def gradient(self, *args, **kwargs) -> torch.Tensor:
+        self._chunk_index = 0  # chunk_gradient counts the m-sharpness chunks of this step (bn_chunks)
+        return super().gradient(*args, **kwargs)
+
+    def _bn_pass(self, passes: tuple[str, ...]) -> bool:
+        """Whether this pass of the current chunk updates BatchNorm running statistics."""
+        return self.bn_stats in passes and (self.bn_chunks == "all" or self._chunk_index == 0)
+
     def chunk_gradient(self, params, names, loss_fn, chunk, backprop, scaling, perturb, *, share, sync):
         accumulated = [p.grad for p in params]
         for p in params:
             p.grad = None
         rng = backprop.rng_state() if self.same_noise else None
         with (nullcontext() if self.sync_ascent else backprop.no_sync()), \
-                backprop.bn_updates(self.bn_stats in ("first", "both")):
+                backprop.bn_updates(self._bn_pass(("first", "both"))):
             loss = backprop.forward(loss_fn, chunk)
             backprop.backward(loss)
         grads = backprop.unscaled_grads(params)
@@ -110,11 +128,13 @@ class SAM(Flatness):
         if rng is not None:
             backprop.set_rng_state(rng)
         with (nullcontext() if sync else backprop.no_sync()), \
-                backprop.bn_updates(self.bn_stats in ("second", "both")):
+                backprop.bn_updates(self._bn_pass(("second", "both"))):
             backprop.backward(scaled(backprop.forward(loss_fn, chunk), share))
         with torch.no_grad():
             torch._foreach_copy_(params, saved)
+        self._chunk_index += 1
         return loss.detach()
 
     def describe(self) -> dict:
-        return {**super().describe(), "bn_stats": self.bn_stats, "sync_ascent": self.sync_ascent}
+        return {**super().describe(), "bn_stats": self.bn_stats, "bn_chunks": self.bn_chunks,
+                "sync_ascent": self.sync_ascent}

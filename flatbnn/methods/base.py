@@ -108,7 +108,8 @@ class Method:
         logits = self.model(x)
         if self._record:
             if logits.dim() == 2 and logits.shape[1] > 1:
-                self._correct = self._correct + (logits.argmax(1) == y).sum().detach().cpu()
+                # stays on the device (read once per epoch): a .cpu() here would sync every step
+                self._correct = (logits.argmax(1) == y).sum().detach() + self._correct
             self._seen += y.numel()
             self._record = False
         if self.ctx.criterion is not None:

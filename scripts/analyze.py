@@ -5,6 +5,8 @@ section 4.2, Figs. 1-2).
     python scripts/analyze.py sharpness   RUN... [--rho 0.05] [--samples 5] [--steps 1] [--out s.json|s.png]
     python scripts/analyze.py landscape   RUN... [--samples 2] [--span 1 --points 21] [--two-d] --out fig.png
     python scripts/analyze.py reliability RUN... [--bins 20] [--binning width] [--edges right] --out fig.png
+    python scripts/analyze.py perturb     RUN... [--labels SGD SGD SAM ...] [--alphas 0,0.1,...,5] --out fig.png
+    python scripts/analyze.py overhead    BENCHMARK.json --out overhead.png   # FSAM Sec. 5.7 ratios vs the paper
 
 Each RUN is a run directory with ``.hydra/config.yaml`` and ``checkpoints/last.pt``. The run's
 dataset, model and method are rebuilt from its config and the method's state is loaded from the
@@ -23,7 +25,9 @@ sampled model ``max_{||eps|| <= rho} L(theta + eps) - L(theta)`` (``--steps 1`` 
 estimate, more = projected gradient ascent) and their mean (the paper averages 5 samples), and
 optionally the Hessian's top eigenvalue and Hutchinson trace. ``reliability`` uses
 ``RUN/predictive.pt`` (``{"test": [N, C] predictive log-probs}``) when present, else re-predicts
-the test set with the method's ``predict`` and the run's metric settings.
+the test set with the method's ``predict`` and the run's metric settings. ``perturb`` (Fisher SAM Fig. 4)
+evaluates the test set at theta + alpha g/||g||, g the gradient of the clean training loss
+(:mod:`flatbnn.metrics.perturbation`); runs given the same label are seeds of one curve (mean, std band).
 
 Every PNG gets a JSON of the same name beside it with all numbers.
 """
@@ -317,6 +321,138 @@ def cmd_reliability(args) -> dict:
     return out
 
 
+def _alphas(text: str) -> list[float]:
+    try:
+        vals = [float(a) for a in text.split(",") if a.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--alphas must be comma-separated numbers, got {text!r}") from None
+    if not vals or any(a < 0 or not math.isfinite(a) for a in vals):
+        raise argparse.ArgumentTypeError(f"--alphas must be finite and >= 0, got {text!r}")
+    return vals
+
+
+def cmd_perturb(args) -> dict:
+    """FSAM Fig. 4: test accuracy / loss at theta + alpha g/||g|| (flatbnn.metrics.perturbation); runs that
+    share a label are seeds of one curve (mean, and std as a band)."""
+    from flatbnn.metrics.perturbation import adversarial_perturbation_curve, plot_perturbation_curves
+
+    if args.labels and len(args.labels) != len(args.runs):
+        raise SystemExit(f"analyze: {len(args.labels)} --labels for {len(args.runs)} runs")
+    out = {"command": "perturb", "options": _options(args),
+           "perturbation": "theta + alpha * g/||g||, g = grad of the mean cross-entropy (no label smoothing) over "
+                           f"the un-augmented {args.grad_data} set ({args.grad_examples or 'all'} examples), one "
+                           "global L2 norm over every trainable parameter; eval mode (BatchNorm running statistics)",
+           "curves": {}}
+    per_label: dict[str, list[dict]] = {}
+    for i, path in enumerate(args.runs):
+        run = load_run(path, args.device)
+        label = args.labels[i] if args.labels else run.label
+        grad_batches = loss_batches(run, args.grad_data, args.grad_examples, args.batch_size, args.subset_seed)
+        eval_batches = loss_batches(run, "test", args.eval_examples, args.batch_size, args.subset_seed)
+        for _, module in sampled_models(run, 1):  # MAP: the model itself; posteriors: their first sample
+            c = adversarial_perturbation_curve(module, cross_entropy, grad_batches, eval_batches, args.alphas)
+        rec = {"run": str(run.path), **c, "results_json_accuracy": (run.results or {}).get("metrics", {}).get("accuracy"),
+               "test_examples": sum(int(y.numel()) for _, y in eval_batches)}
+        per_label.setdefault(label, []).append(rec)
+        print(f"{label} ({run.path}): accuracy " + " ".join(f"{a:g}:{100 * v:.2f}" for a, v in zip(args.alphas, c["accuracy"]))
+              + f" (results.json {rec['results_json_accuracy']})")
+    bands = {}
+    for label, recs in per_label.items():
+        curve = {"alphas": list(args.alphas), "runs": recs, "n": len(recs)}
+        for key in ("accuracy", "loss"):
+            cols = list(zip(*[r[key] for r in recs]))
+            stats = [_mean_std(list(col)) for col in cols]
+            curve[key] = [m for m, _ in stats]
+            curve[f"{key}_std"] = [sd for _, sd in stats]
+        out["curves"][label] = curve
+        bands[label] = curve[f"{args.metric}_std"] if len(recs) > 1 else None
+    o = Path(args.out)
+    title = (f"θ + α∇L/‖∇L‖ (∇ on {args.grad_data}); test {args.metric}; "
+             + ", ".join(f"{k}: n={v['n']}" for k, v in out["curves"].items()))
+    if o.suffix == ".png":
+        plot_perturbation_curves(out["curves"], o, metric=args.metric, title=title, bands=bands)
+        write_json(_json_path(o), out)
+    else:
+        write_json(o, out)
+    return out
+
+
+def cmd_overhead(args) -> dict:
+    """FSAM Sec. 5.7: step-time ratios FSAM/SAM and ASAM/SAM of a scripts/benchmark.py JSON beside the paper's
+    per-batch times (results/paper/fsam_overhead.yaml). Ratios are per interleaved round, reported as the
+    median-time ratio with the min-max over rounds; absolute times are hardware-bound and labelled with it."""
+    import yaml
+
+    bench = json.loads(Path(args.benchmark).read_text())
+    paper = yaml.safe_load(Path(args.paper).read_text())
+    paper_s = {c["cell"]: c["seconds_per_batch"]["mean"] for c in paper["cells"]}
+    rows, device = bench["rows"], bench["device"]
+    hw = f"{device['name']}, torch {bench.get('torch')}"
+    batch = bench["settings"]["batch_size"]
+    seconds = {pair: rows[pair]["step_ms_median"] / 1e3 for pair in ("map+none", "map+sam", "map+asam", "map+fsam")
+               if pair in rows}
+    ratios = {}
+    for name, num, den in (("FSAM/SAM", "map+fsam", "map+sam"), ("ASAM/SAM", "map+asam", "map+sam"),
+                           ("SAM/SGD", "map+sam", "map+none")):
+        if num in rows and den in rows:
+            per_round = [a / b for a, b in zip(rows[num]["step_ms"], rows[den]["step_ms"])]
+            ratios[name] = {"ours": rows[num]["step_ms_median"] / rows[den]["step_ms_median"],
+                            "ours_min": min(per_round), "ours_max": max(per_round), "rounds": len(per_round)}
+    if "fsam" in paper_s and "sam" in paper_s and "FSAM/SAM" in ratios:
+        ratios["FSAM/SAM"]["paper"] = paper_s["fsam"] / paper_s["sam"]  # derived: the paper prints the two times
+    out = {"command": "overhead", "benchmark": str(args.benchmark), "hardware": hw, "label": bench.get("label"),
+           "model": bench["settings"]["model"], "batch_size": batch, "precision": bench["settings"]["precision"],
+           "git": bench.get("git"), "seconds_per_batch": seconds, "paper_seconds_per_batch": paper_s,
+           "paper_hardware": "one RTX 2080 Ti, CIFAR-10 WRN-28-10, batch 128", "ratios": ratios,
+           "note": "only the ratios transfer across hardware; ours are compute-only steps on synthetic inputs"}
+    lines = [f"# Fisher SAM Sec. 5.7: step-time overhead, ours ({hw}) vs the paper (RTX 2080 Ti)", "",
+             f"Ours: `{out['model']}`, batch {batch}, {out['precision']}, median of {next(iter(ratios.values()))['rounds'] if ratios else 0} "
+             f"interleaved rounds (scripts/benchmark.py); **{device['type'].upper()} numbers**. "
+             "Paper: CIFAR-10 WRN-28-10, batch 128. Only the ratios are comparable.", "",
+             "| ratio | ours (min-max over rounds) | paper |", "|---|---|---|"]
+    for name, r in ratios.items():
+        paper_r = f"{r['paper']:.4f} (0.2334 / 0.2322 s)" if "paper" in r else "not printed"
+        lines.append(f"| {name} | {r['ours']:.3f} ({r['ours_min']:.3f}-{r['ours_max']:.3f}) | {paper_r} |")
+    lines += ["", "| method | ours s/batch | paper s/batch |", "|---|---|---|"]
+    for pair, cell in (("map+none", "sgd"), ("map+sam", "sam"), ("map+asam", "asam"), ("map+fsam", "fsam")):
+        if pair in seconds:
+            lines.append(f"| {cell} | {seconds[pair]:.4f} | {paper_s.get(cell, '–')} |")
+    o = Path(args.out)
+    o.parent.mkdir(parents=True, exist_ok=True)
+    write_json(_json_path(o), out)
+    md = o.with_suffix(".md")
+    tmp = md.with_name(md.name + ".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(md)  # atomic
+    if o.suffix == ".png":
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        from flatbnn.metrics.reliability import save_png
+
+        fig = Figure(figsize=(5.0, 3.4), dpi=100)
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot(1, 1, 1)
+        names = list(ratios)
+        ours = [ratios[n]["ours"] for n in names]
+        err = [[ratios[n]["ours"] - ratios[n]["ours_min"] for n in names],
+               [ratios[n]["ours_max"] - ratios[n]["ours"] for n in names]]
+        ax.bar([i - 0.2 for i in range(len(names))], ours, 0.4, yerr=err, capsize=3, label=f"ours ({device['type']})")
+        ax.bar([i + 0.2 for i in range(len(names)) if "paper" in ratios[names[i]]],
+               [ratios[n]["paper"] for n in names if "paper" in ratios[n]], 0.4, label="paper (RTX 2080 Ti)")
+        ax.axhline(1.0, color="k", lw=0.6)
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names)
+        ax.set_ylabel("step-time ratio")
+        ax.set_title(f"{out['model']}, batch {batch}: {hw}", fontsize=7)
+        ax.legend(fontsize=8)
+        save_png(fig, o)
+    for name, r in ratios.items():
+        print(f"{name}: ours {r['ours']:.3f} ({r['ours_min']:.3f}-{r['ours_max']:.3f}, {device['type']})"
+              + (f", paper {r['paper']:.4f}" if "paper" in r else ""))
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawTextHelpFormatter)
@@ -366,6 +502,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--title")
     p.add_argument("--out", required=True, help="PNG (JSON beside)")
     p.set_defaults(func=cmd_reliability)
+
+    p = sub.add_parser("perturb", help="accuracy under theta + alpha grad/||grad|| (FSAM Fig. 4)")
+    common(p, data=False)
+    p.add_argument("--alphas", type=_alphas, default=_alphas("0,0.1,0.25,0.5,0.75,1,1.5,2,2.5,3,3.5,4,4.5,5"),
+                   help="comma-separated perturbation strengths (0 = the trained model)")
+    p.add_argument("--grad-data", choices=("train", "test"), default="train",
+                   help="the gradient's data: the un-augmented train set (default) or the test set")
+    p.add_argument("--grad-examples", type=int, default=0, help="random subset for the gradient (0 = all)")
+    p.add_argument("--eval-examples", type=int, default=0, help="random test subset for the curve (0 = all)")
+    p.add_argument("--subset-seed", type=int, default=0)
+    p.add_argument("--metric", choices=("accuracy", "loss"), default="accuracy", help="the plotted metric")
+    p.add_argument("--out", required=True, help="*.png (JSON beside) or *.json")
+    p.set_defaults(func=cmd_perturb)
+
+    p = sub.add_parser("overhead", help="FSAM/SAM, ASAM/SAM step-time ratios of a benchmark JSON vs the paper (Sec. 5.7)")
+    p.add_argument("benchmark", help="scripts/benchmark.py --json output")
+    p.add_argument("--paper", default=str(Path(__file__).resolve().parents[1] / "results" / "paper" / "fsam_overhead.yaml"))
+    p.add_argument("--out", required=True, help="*.png (JSON and Markdown beside) or *.json")
+    p.set_defaults(func=cmd_overhead)
     return ap
 
 

@@ -4,7 +4,7 @@
     python scripts/reproduce.py list                                  # every row, its kind and scales
     python scripts/reproduce.py check                                 # every spec and paper file loads; every cell composes
     python scripts/reproduce.py run flatbnn_t2 --scale cpu -- dataset.root=../shared/data/cifar10_jpeg.tar.gz
-    python scripts/reproduce.py run flatbnn_t2 --scale paper --launcher submitit_slurm -- dataset.root=/data/cifar10
+    python scripts/reproduce.py run flatbnn_t2 --scale paper --launcher slurm -- dataset.root=/data/cifar10
     python scripts/reproduce.py compare flatbnn_t2 --scale cpu        # results/reproduce/flatbnn_t2/cpu.md
     python scripts/reproduce.py status                                # results/STATUS.md
     python scripts/reproduce.py all --scale smoke                     # every row (CI: make reproduce-all SCALE=smoke)
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
             p.add_argument("row")
         p.add_argument("--scale", choices=SCALES, default="smoke")
         p.add_argument("--out", type=Path, default=None, help="sweep dir (default outputs/reproduce/<row>/<scale>)")
-        p.add_argument("--launcher", default=None, help="a hydra/launcher option, e.g. submitit_slurm, joblib")
+        p.add_argument("--launcher", default=None, help="configs/hydra/launcher/: slurm, local, cpu_parallel")
         p.add_argument("--cells", default=None, help="only the cells whose id matches this glob")
         p.add_argument("--force", action="store_true", help="rerun finished jobs from scratch")
         p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")

@@ -46,19 +46,28 @@ STARTS = {
     "ctrl_large_sigma": (-10.0, 50.0),
     "ctrl_right": (10.0, 10.0),
 }
-GRID_MU = (-40.0, -30.0, -20.0, -10.0, 0.0)
-GRID_SIGMA = (10.0, 20.0, 30.0, 40.0, 50.0)
+# the start grid doubles as the basin map (sweep.png): every 5 units of mu and sigma over the figure's window
+GRID_MU = tuple(float(m) for m in range(-40, 41, 5))
+GRID_SIGMA = tuple(float(s) for s in range(5, 56, 5))
 # 0.1 is shared by SAM, ASAM and FSAM: the paper's "same gamma" comparison; the rest are each
-# method's own larger radii (SAM's are Euclidean, so 8 = the VSAM Fig. 1 radius)
+# method's own larger radii (SAM's are Euclidean, so 8 = the VSAM Fig. 1 radius). FSAM's analytic-Fisher
+# ball has Euclidean half-axes gamma*sigma and gamma*sigma/sqrt(2) (~15 and ~11 at gamma 0.5, sigma 30), so
+# gamma up to 1.5 spans the Euclidean radii SAM is given (up to 16)
 RADII = {
     "sgd": (0.0,),
-    "sam": (0.1, 1.0, 4.0, 8.0),
-    "asam": (0.1, 0.2, 0.4, 0.8),
-    "fsam": (0.05, 0.1, 0.2, 0.4),
+    "sam": (0.1, 1.0, 4.0, 8.0, 16.0),
+    "asam": (0.1, 0.2, 0.4, 0.8, 1.6),
+    "fsam": (0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.5),
     "fsam_emp": (8.0,),
+    "fsam_emp_e4": (8.0,),
+    "fsam_emp_e6": (8.0,),
 }
-ETA = {"asam": 0.01, "fsam_emp": 1.0}
-LABEL = {"sgd": "SGD", "sam": "SAM", "asam": "ASAM", "fsam": "FSAM (analytic F)", "fsam_emp": "FSAM (emp. F=g², project)"}
+# the project's g^2 estimator at three Fisher impacts eta: F^-1 = 1/(1 + eta g^2) with |g| ~ 1e-2 here, so
+# eta = 1 is SAM to ~1e-4 and only eta >~ 1e4 lets the estimate bend the ball
+ETA = {"asam": 0.01, "fsam_emp": 1.0, "fsam_emp_e4": 1e4, "fsam_emp_e6": 1e6}
+BASE = {"fsam_emp_e4": "fsam_emp", "fsam_emp_e6": "fsam_emp"}  # variants of one optimiser (another eta)
+LABEL = {"sgd": "SGD", "sam": "SAM", "asam": "ASAM", "fsam": "FSAM (analytic F)", "fsam_emp": "FSAM (F=g², η=1)",
+         "fsam_emp_e4": "FSAM (F=g², η=1e4)", "fsam_emp_e6": "FSAM (F=g², η=1e6)"}
 COLOR = {"flat": "tab:blue", "sharp": "magenta", "none": "0.6"}
 
 
@@ -149,18 +158,89 @@ def sweep_figure(path, loss_grid_, minima, saddle, runs, grid_keys):
                 continue
             st = r["traj"].points[0, b]
             lab = r["reached"][b]
-            ax.plot(*st, "o", color=COLOR[lab], ms=7, mec="k", mew=0.4)
+            ax.plot(*st, "s", color=COLOR[lab], ms=5, mec="none")  # one square per start: the basin map
             if lab == "none" and r["near"][b] == "saddle":
-                ax.plot(*st, "x", color="k", ms=5)
+                ax.plot(*st, "x", color="k", ms=3)
         ax.plot(*minima["flat"]["theta"], "*", color="blue", ms=10)
         ax.plot(*minima["sharp"]["theta"], "o", color="magenta", ms=5)
         ax.plot(*saddle["theta"], "x", color="k", ms=6)
         ax.set_title(f"{LABEL[name]}" + ("" if name == "sgd" else f", ρ={rho:g}"), fontsize=8)
-    fig.suptitle("Outcome by start point (dot = start; blue: reaches flat, magenta: sharp, grey: none, "
-                 "x: stuck at the saddle)", fontsize=9)
+    fig.suptitle("Basin map: outcome by start point (square = start; blue: reaches flat, magenta: sharp, grey: "
+                 "none, x: stuck at the saddle)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=60)
     plt.close(fig)
+
+
+def basin_verdict(records: list[dict], grid_keys: list[str]) -> tuple[dict, dict, str]:
+    """Per optimiser/radius: how many grid starts end at the flat minimum (within the reach tolerance), at the sharp
+    one, at the saddle, or elsewhere on the flat / sharp side (closer to that minimum, not converged or displaced:
+    a SAM-type fixed point sits away from the minimum when the ball is large); and where each FSAM variant reaches
+    the flat minimum while SGD and every SAM radius do not (the paper's claim)."""
+    grid = set(grid_keys)
+    by = {}
+    for r in records:
+        by.setdefault((r["optimizer"], r["radius"]), {})[r["start_name"]] = r
+    basins = {}
+    for (name, rho), recs in by.items():
+        g = [rec for k, rec in recs.items() if k in grid]
+        side = lambda rec: "flat" if rec["dist_flat"] < rec["dist_sharp"] else "sharp"  # noqa: E731
+        basins[f"{name}@{rho:g}"] = {
+            "optimizer": name, "radius": rho, "eta": ETA.get(name), "label": LABEL[name], "grid_starts": len(g),
+            "flat": sum(rec["reached"] == "flat" for rec in g), "sharp": sum(rec["reached"] == "sharp" for rec in g),
+            "saddle": sum(rec["reached"] == "none" and rec["nearest_critical_point"] == "saddle" for rec in g),
+            "flat_side_elsewhere": sum(rec["reached"] == "none" and rec["nearest_critical_point"] != "saddle"
+                                       and side(rec) == "flat" for rec in g),
+            "sharp_side_elsewhere": sum(rec["reached"] == "none" and rec["nearest_critical_point"] != "saddle"
+                                        and side(rec) == "sharp" for rec in g)}
+    keys = sorted(by[("sgd", 0.0)])
+    flat = lambda name, rho, k: by[(name, rho)][k]["reached"] == "flat"  # noqa: E731
+    sgd_or_sam = {k: flat("sgd", 0.0, k) or any(flat("sam", g, k) for g in RADII["sam"]) for k in keys}
+    asam_any = {k: any(flat("asam", g, k) for g in RADII["asam"]) for k in keys}
+    claim_by_config = {}
+    for name in [n for n in RADII if n.startswith("fsam")]:
+        for rho in RADII[name]:
+            f = {k: flat(name, rho, k) for k in keys}
+            claim_by_config[f"{name}@{rho:g}"] = {
+                "flat_starts": sum(f.values()),
+                "flat_where_sgd_not": sum(f[k] and not flat("sgd", 0.0, k) for k in keys),
+                "flat_where_sgd_and_every_sam_radius_not": sum(f[k] and not sgd_or_sam[k] for k in keys),
+                "flat_where_sgd_sam_and_asam_not": sum(f[k] and not sgd_or_sam[k] and not asam_any[k] for k in keys)}
+    holds = {k: v["flat_where_sgd_and_every_sam_radius_not"] for k, v in claim_by_config.items()
+             if v["flat_where_sgd_and_every_sam_radius_not"] > 0}
+    best = {n: max(RADII[n], key=lambda g: basins[f"{n}@{g:g}"]["flat"]) for n in RADII}
+    fewest_sharp = {n: min([g for g in RADII[n] if basins[f"{n}@{g:g}"]["flat"]] or RADII[n],  # radii that still work
+                           key=lambda g: basins[f"{n}@{g:g}"]["sharp"]) for n in RADII}
+    fs = basins[f"fsam@{fewest_sharp['fsam']:g}"]
+    verdict = (
+        "The paper's claim 'FSAM reaches the flat minimum where SGD and SAM do not' holds, on this start grid, for "
+        + (", ".join(f"{k} ({n} starts)" for k, n in holds.items()) if holds else "NO FSAM setting") + ". "
+        + f"Flat basins (end within the reach tolerance of the flat minimum, {len(grid)} grid starts): "
+        + ", ".join(f"{LABEL[n]} {basins[f'{n}@{best[n]:g}']['flat']}" + ("" if n == "sgd" else f" (rho {best[n]:g})")
+                    for n in RADII) + ". "
+        + f"Large analytic-Fisher balls empty the SHARP basin (FSAM rho {fewest_sharp['fsam']:g}: {fs['sharp']} sharp vs "
+        f"SGD {basins['sgd@0']['sharp']}) but the freed starts end at the saddle ({fs['saddle']}) or on the flat side away "
+        f"from the minimum ({fs['flat_side_elsewhere']}: not converged or a displaced fixed point), not at the flat minimum.")
+    return basins, claim_by_config, verdict
+
+
+def write_verdict(out: Path, summary: dict) -> None:
+    basins, cbc = summary["basins"], summary["claim_by_config"]
+    print("flat basin (grid starts reaching the flat minimum): " + "; ".join(
+        f"{k} {v['flat']}/{v['grid_starts']}" for k, v in basins.items()))
+    print(summary["verdict"])
+    md = (f"# Fisher-SAM toy (Figs 1-3): where does the paper's claim hold?\n\n"
+          f"{summary['header']['budget']}; commit {summary['header']['git_commit'][:10]}"
+          f"{' + uncommitted changes' if summary['header'].get('git_dirty') else ''}; {summary['seconds']} s on CPU. "
+          "Generated by `scripts/reproduce_fsam_toy.py`; numbers in summary.json, basin maps in sweep.png.\n\n"
+          + summary["verdict"] + "\n\n| config | flat | sharp | saddle | flat side, elsewhere | sharp side, elsewhere "
+          "| flat where SGD and every SAM radius are not |\n|---|---|---|---|---|---|---|\n" + "".join(
+              f"| {v['label']}{'' if k == 'sgd@0' else ', ρ=' + format(v['radius'], 'g')} | {v['flat']} | {v['sharp']} | "
+              f"{v['saddle']} | {v['flat_side_elsewhere']} | {v['sharp_side_elsewhere']} | "
+              f"{cbc.get(k, {}).get('flat_where_sgd_and_every_sam_radius_not', '–')} |\n" for k, v in basins.items()))
+    tmp = out / "verdict.md.tmp"
+    tmp.write_text(md)
+    tmp.replace(out / "verdict.md")
 
 
 def main(argv=None):
@@ -172,8 +252,19 @@ def main(argv=None):
     ap.add_argument("--sigma-min", type=float, default=0.5)
     ap.add_argument("--kl-offset", type=float, default=KL_OFFSET_PAPER,
                     help="c in E_i = KL_i + c; 0.5 reproduces the paper's reported minima, 0 is Eq. 15 literally")
+    ap.add_argument("--verdict-only", action="store_true",
+                    help="recompute basins/verdict from OUT/summary.json (no optimisation) and rewrite verdict.md")
     args = ap.parse_args(argv)
     out = Path(args.out)
+    if args.verdict_only:
+        summary = json.loads((out / "summary.json").read_text())
+        grid = sorted(c["start_name"] for c in summary["claim_by_start"] if c["start_name"].startswith("grid_"))
+        summary["basins"], summary["claim_by_config"], summary["verdict"] = basin_verdict(summary["runs"], grid)
+        tmp = out / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, separators=(",", ":"), default=float))
+        tmp.replace(out / "summary.json")
+        write_verdict(out, summary)
+        return
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     loss = GaussianMixtureLoss(kl_offset=args.kl_offset)
@@ -189,7 +280,7 @@ def main(argv=None):
     runs = {}
     for name, radii in RADII.items():
         for rho in radii:
-            tr = run_optimizer(loss, name, starts, lr=args.lr, steps=args.steps, rho=rho, eta=ETA.get(name),
+            tr = run_optimizer(loss, BASE.get(name, name), starts, lr=args.lr, steps=args.steps, rho=rho, eta=ETA.get(name),
                                sigma_min=args.sigma_min, settle_points=settle, settle_tol=args.tol)
             reached = [classify(e, minima, args.tol) for e in tr.end]
             near = [classify(e, crit, args.tol) for e in tr.end]
@@ -245,13 +336,15 @@ def main(argv=None):
             and by["asam"][0.1] != "flat",
             "fsam_beats_sgd": any_flat["fsam"] and sgd_out[key] != "flat",
         })
+    basins, claim_by_config, verdict = basin_verdict(records, sorted(grid_keys))
     n_total_steps = int(sum(int(r["traj"].steps_run.sum()) for r in runs.values()))
     summary = {
         "header": {
             "what": "Fisher-SAM toy (Kim et al. 2022, sec. 3.1, Figs 1-3): exact 2-D problem",
             "budget": f"CPU, exact 2-D problem, up to {args.steps} full-batch steps per run "
                       f"({n_total_steps} steps in all, {len(runs)} optimiser/radius configs x {len(keys)} starts)",
-            "git_commit": git_commit()["commit"],
+            "git_commit": git_commit(untracked=True)["commit"],
+            "git_dirty": git_commit(untracked=True)["dirty"],  # a run before its code is committed must say so
             "loss": "l = -log(a1 exp(-E1/b1^2) + a2 exp(-E2/b2^2)), E_i = KL(N(mu,sigma^2)||N(m_i,s_i^2)) + c",
             "kl_offset_c": args.kl_offset,
             "kl_offset_note": "c = 0.5 reproduces the paper's reported minima, loss values and Hessian traces "
@@ -281,6 +374,9 @@ def main(argv=None):
         "literal_eq15_minima": literal,
         "runs": records,
         "claim_by_start": claim,
+        "basins": basins,
+        "claim_by_config": claim_by_config,
+        "verdict": verdict,
         "fsam_small_lr_check": {"lr": small_lr, "max_steps": 4 * args.steps,
                                 "outcome_by_gamma (flat/sharp/saddle/none)": lr_check},
         "claim_counts": {
@@ -316,7 +412,9 @@ def main(argv=None):
     sweep_figure(out / "sweep.png", g, minima, saddle, runs, grid_keys)
 
     summary["seconds"] = round(time.time() - t0, 1)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, separators=(",", ":"), default=float))
+    tmp.replace(out / "summary.json")  # atomic
 
     # ---------------------------------------------------------------- table
     print(summary["header"]["budget"], "| commit", summary["header"]["git_commit"][:10])
@@ -327,7 +425,8 @@ def main(argv=None):
               f"   [paper {PAPER_MINIMA[k]['theta']}, l={PAPER_MINIMA[k]['loss']}, trH={PAPER_MINIMA[k]['hessian_trace']}]")
     print(f"saddle ({saddle['theta'][0]:.2f}, {saddle['theta'][1]:.2f})  l={saddle['loss']:.4f}")
     cols = [(n, r) for n in RADII for r in RADII[n]]
-    short = {"sgd": "sgd", "sam": "sam", "asam": "asam", "fsam": "fsam", "fsam_emp": "fsamE"}
+    short = {"sgd": "sgd", "sam": "sam", "asam": "asam", "fsam": "fsam", "fsam_emp": "fsamE", "fsam_emp_e4": "fsamE4",
+             "fsam_emp_e6": "fsamE6"}
     head = f"{'start':>17s} {'(mu, sigma)':>13s} " + " ".join(
         f"{short[n] + ('' if n == 'sgd' else format(r, 'g')):>8s}" for n, r in cols)
     print(head)
@@ -345,7 +444,8 @@ def main(argv=None):
           f"same-gamma 0.1 version at {cc['claim_holds_same_gamma_0.1']}")
     print(f"FSAM at lr={small_lr:g} from the paper-like starts:",
           "; ".join(f"gamma={g}: " + ",".join(v.values()) for g, v in lr_check.items()))
-    print(f"wrote {out}/summary.json and PNGs in {summary['seconds']} s")
+    write_verdict(out, summary)
+    print(f"wrote {out}/summary.json, verdict.md and PNGs in {summary['seconds']} s")
 
 
 if __name__ == "__main__":

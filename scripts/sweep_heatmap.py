@@ -6,22 +6,25 @@
         --metric accuracy --out results/fsam_sweep/heatmap.png
 
 Keys are read from each run's results.json (``meta.<section>.<key>``, e.g. ``flatness.rho``); cells
-average over seeds. The title states the budget (data set, model, epochs, train size, hardware,
-commit) so the figure is never mistaken for a paper number. Writes ``<out>.json`` beside the PNG.
+average over seeds. The runs must differ ONLY in the two swept keys and the seed (their whole saved config,
+budget and hardware kind are compared as ``scripts/aggregate.py`` groups runs): otherwise the map would
+average different experiments, so the script stops naming the keys that differ (exit 2), or with ``--split``
+draws one map per distinct rest-of-config (``<out stem>_1.png``, ...). The title states the budget (data set,
+model, epochs, train size, hardware, commit) so the figure is never mistaken for a paper number. Writes
+``<out>.json`` beside each PNG.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from aggregate import find_results  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flatbnn.engine.checkpoint import write_json  # noqa: E402
+from flatbnn.reproduce.aggregate import load_runs  # noqa: E402
 
 
 def lookup(meta: dict, dotted: str):
@@ -44,6 +47,26 @@ def grid(results: list[dict], x: str, y: str, metric: str):
     mean = [[statistics.fmean(cells[(a, b)]) if (a, b) in cells else float("nan") for a in xs] for b in ys]
     count = [[len(cells.get((a, b), [])) for a in xs] for b in ys]
     return xs, ys, mean, count
+
+
+def _swept(key: str, swept: tuple[str, ...]) -> bool:
+    """A group-key entry that belongs to a swept key (its config key, its meta copy or its override)."""
+    return any(key == k or key.startswith(k + ".") for s in swept for k in (s, f"meta.{s}", f"override.{s}"))
+
+
+def split_by_rest(runs, swept: tuple[str, ...]) -> list[tuple[dict, list]]:
+    """``[(rest key, runs)]``: runs grouped by everything in their group key except the swept keys
+    (flatbnn.reproduce.aggregate.run_key: saved config without seed/paths, budget, hardware kind)."""
+    groups: dict[tuple, tuple[dict, list]] = {}
+    for r in runs:
+        rest = {k: v for k, v in r.key.items() if not _swept(k, swept)}
+        groups.setdefault(tuple(sorted(rest.items())), (rest, []))[1].append(r)
+    return list(groups.values())
+
+
+def differing_keys(rests: list[dict]) -> dict[str, list[str]]:
+    keys = sorted(set().union(*rests))
+    return {k: sorted({r.get(k, "<absent>") for r in rests}) for k in keys if len({r.get(k, "<absent>") for r in rests}) > 1}
 
 
 def budget_line(results: list[dict]) -> str:
@@ -87,23 +110,44 @@ def main(argv=None) -> int:
     ap.add_argument("--y", default="flatness.eta")
     ap.add_argument("--metric", default="accuracy")
     ap.add_argument("--out", required=True, help="PNG path (a .json with the grid is written beside it)")
+    ap.add_argument("--split", action="store_true",
+                    help="runs that differ in more than the swept keys: one map per distinct config instead of an error")
     args = ap.parse_args(argv)
-    results = find_results(args.paths)
-    if not results:
+    runs = load_runs(args.paths)[0]
+    if not runs:
         print(f"no results.json under {args.paths}", file=sys.stderr)
         return 1
+    groups = split_by_rest(runs, (args.x, args.y))
+    if len(groups) > 1 and not args.split:
+        diff = differing_keys([rest for rest, _ in groups])
+        shown = "; ".join(f"{k} in {{{', '.join(v)}}}" for k, v in list(diff.items())[:6])
+        print(f"sweep_heatmap: error: the runs differ in more than {args.x} x {args.y} ({len(groups)} configs: "
+              f"{shown}{' ...' if len(diff) > 6 else ''}); pass only one sweep's runs, or --split for one map each",
+              file=sys.stderr)
+        return 2
+    rc = 0
+    for i, (rest, members) in enumerate(groups, 1):
+        out = Path(args.out)
+        if len(groups) > 1:
+            out = out.with_name(f"{out.stem}_{i}{out.suffix}")
+            diff = differing_keys([r for r, _ in groups])
+            print(f"config {i} -> {out}: " + ", ".join(f"{k}={rest.get(k, '<absent>')}" for k in diff))
+        rc = max(rc, _one_map([r.results for r in members], args, out))
+    return rc
+
+
+def _one_map(results: list[dict], args, out: Path) -> int:
     try:
         xs, ys, mean, count = grid(results, args.x, args.y, args.metric)
     except KeyError as e:
         print(f"error: {e.args[0]}", file=sys.stderr)
         return 2
     title = f"{args.metric} over {args.x} x {args.y}\n{budget_line(results)}"
-    out = Path(args.out)
     plot(xs, ys, mean, args.x, args.y, args.metric, title, out)
-    out.with_suffix(".json").write_text(json.dumps(
-        {"x": args.x, "y": args.y, "metric": args.metric, "x_values": xs, "y_values": ys,
-         "mean": mean, "runs_per_cell": count, "budget": budget_line(results),
-         "note": "our runs, not the paper's numbers"}, indent=2))
+    write_json(out.with_suffix(".json"),  # atomic
+               {"x": args.x, "y": args.y, "metric": args.metric, "x_values": xs, "y_values": ys,
+                "mean": mean, "runs_per_cell": count, "budget": budget_line(results),
+                "note": "our runs, not the paper's numbers"})
     print(f"{args.metric} ({args.y} rows x {args.x} columns), {budget_line(results)}")
     for yv, row in zip(ys, mean):
         print(f"{yv!s:>8} " + " ".join(f"{v:8.4f}" for v in row))

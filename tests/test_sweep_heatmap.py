@@ -39,3 +39,22 @@ def test_unknown_key_is_a_clear_error(tmp_path):
     p = subprocess.run([sys.executable, str(REPO / "scripts" / "sweep_heatmap.py"), str(tmp_path),
                         "--x", "flatness.gamma", "--out", str(tmp_path / "a.png")], capture_output=True, text=True)
     assert p.returncode != 0 and "flatness.gamma" in p.stderr
+
+
+def test_runs_differing_in_an_unswept_key_are_refused_or_split(tmp_path):
+    """Two sweeps with another learning rate in one folder: averaging them per (rho, eta) would mix experiments."""
+    import yaml
+    for i, (lr, acc) in enumerate([(0.1, 0.5), (0.1, 0.7), (0.05, 0.9)]):
+        d = tmp_path / str(i)
+        _write(d, 0.1, 0.0, i, acc)
+        (d / ".hydra").mkdir()
+        (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump(
+            {"seed": i, "optimizer": {"lr": lr}, "flatness": {"name": "fsam", "rho": 0.1, "eta": 0.0}}))
+    cmd = [sys.executable, str(REPO / "scripts" / "sweep_heatmap.py"), str(tmp_path), "--out", str(tmp_path / "h.png")]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    assert p.returncode == 2 and "optimizer.lr" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "h.png").exists()
+    subprocess.run(cmd + ["--split"], capture_output=True, text=True, check=True)
+    means = sorted(json.loads((tmp_path / f"h_{i}.json").read_text())["mean"][0][0] for i in (1, 2))
+    assert means[0] == 0.6 or abs(means[0] - 0.6) < 1e-12  # lr 0.1: seeds 0 and 1 averaged
+    assert means[1] == 0.9                                  # lr 0.05 alone, never averaged with them

@@ -4,7 +4,8 @@
 ``@register_dataset(name, ...)``. Every data set accepts the common keys ``root``,
 ``train_subset``, ``test_subset``, ``val_split``, ``augment``, ``seed``, ``download``,
 ``label_noise``/``label_noise_seed``, ``ood``/``ood_roots``/``ood_subset``, ``loader``,
-``cache_dir`` and ``num_classes``/``input_shape``: :func:`build_dataset` parses and validates
+``cache_dir``, ``image_size`` (serve items at S x S, :mod:`flatbnn.data.resize`) and
+``num_classes``/``input_shape``: :func:`build_dataset` parses and validates
 them once into a :class:`~flatbnn.data.options.DataOptions` (warning about keys nobody takes),
 checks the config's ``num_classes`` / ``input_shape`` against the data, and calls
 ``builder(opts, **own_keys)`` with the keys only that builder declares (e.g. cifar10's
@@ -114,6 +115,9 @@ def build_dataset(name: str, **kwargs: Any) -> DataBundle:
     if spec.num_classes is not None:  # fixed: fail before reading any data
         opts.check_expected(spec.num_classes, spec.input_shape)
     bundle = spec.builder(opts, **own)
+    if opts.image_size is not None:  # e.g. CIFAR at 224 px for a pretrained ViT (flatbnn.data.resize)
+        from flatbnn.data.resize import resize_bundle
+        bundle = resize_bundle(bundle, opts.image_size)
     if spec.num_classes is None:  # known only from the data
         opts.check_expected(bundle.num_classes, bundle.input_shape)
     if not bundle.name:
@@ -234,6 +238,7 @@ def make_bundle(
 from flatbnn.data import cifar as _cifar  # noqa: E402,F401
 from flatbnn.data import cifar10_c as _cifar10_c  # noqa: E402,F401
 from flatbnn.data import digits as _digits  # noqa: E402,F401
+from flatbnn.data import finegrained as _finegrained  # noqa: E402,F401
 from flatbnn.data import imagefolder as _imagefolder  # noqa: E402,F401
 from flatbnn.data import mnist as _mnist  # noqa: E402,F401
 from flatbnn.data import svhn as _svhn  # noqa: E402,F401

@@ -1,5 +1,5 @@
 """Tiny fake data sets in each data set's official on-disk layout (CIFAR pickles, MNIST idx, SVHN .mat,
-TinyImageNet / ImageNet folders, CIFAR-10-C .npy). Used by the tests (every image's label and position are
+TinyImageNet / ImageNet folders, CIFAR-10-C .npy, torchvision's Stanford Cars / Flowers-102 layouts). Used by the tests (every image's label and position are
 coded in its pixels, so label order can be checked through the real loaders) and by the reproduction runner's
 ``smoke`` scale, which runs every paper cell through the real loaders on these files instead of the real data.
 """
@@ -161,6 +161,55 @@ def write_imagenet(root: Path) -> Path:
     return root
 
 
+# --------------------------------------------------------------------------- Stanford Cars / Flowers-102
+
+CARS_CLASSES, CARS_TRAIN, CARS_TEST = 196, 1, 1   # per class
+FLOWERS_CLASSES, FLOWERS_PER_SPLIT = 102, 1        # per class in each of trnid / valid / tstid
+
+
+def write_stanford_cars(root: Path) -> Path:
+    """torchvision StanfordCars layout: devkit/*.mat, cars_{train,test}/ and the labelled test annotations;
+    image colour = class_colour(class), file names shuffled against the class order (as in the real set)."""
+    from scipy.io import savemat
+
+    base = root / "stanford_cars"
+    (base / "devkit").mkdir(parents=True)
+    savemat(base / "devkit" / "cars_meta.mat",
+            {"class_names": np.array([f"Car {c:03d}" for c in range(CARS_CLASSES)], dtype=object)})
+    fields = [("bbox_x1", "O"), ("bbox_y1", "O"), ("bbox_x2", "O"), ("bbox_y2", "O"), ("class", "O"), ("fname", "O")]
+    for split, n, annos in (("train", CARS_TRAIN, base / "devkit" / "cars_train_annos.mat"),
+                            ("test", CARS_TEST, base / "cars_test_annos_withlabels.mat")):
+        pairs = interleaved(CARS_CLASSES, n)
+        order = np.random.default_rng(2 + (split == "test")).permutation(len(pairs))
+        rows = []
+        for k, o in enumerate(order):
+            c, _ = pairs[o]
+            name = f"{k + 1:05d}.jpg"
+            _save_jpeg(base / f"cars_{split}" / name, (40 + c % 7, 30 + c % 5), class_colour(c))
+            rows.append((1, 1, 20, 20, c + 1, name))  # class 1-based, as in the official .mat files
+        savemat(annos, {"annotations": np.array(rows, dtype=fields)})
+    return root
+
+
+def write_flowers102(root: Path) -> Path:
+    """torchvision Flowers102 layout: jpg/image_%05d.jpg, imagelabels.mat (1-based labels), setid.mat."""
+    from scipy.io import savemat
+
+    base = root / "flowers-102"
+    n = FLOWERS_CLASSES * 3 * FLOWERS_PER_SPLIT
+    labels = np.random.default_rng(4).permutation(np.repeat(np.arange(FLOWERS_CLASSES), 3 * FLOWERS_PER_SPLIT))
+    for i, c in enumerate(labels, start=1):
+        _save_jpeg(base / "jpg" / f"image_{i:05d}.jpg", (36, 28 + int(c) % 9), class_colour(int(c)))
+    ids = {}
+    for c in range(FLOWERS_CLASSES):  # the k-th image of class c goes to split k
+        mine = [i for i in range(1, n + 1) if labels[i - 1] == c]
+        for name, i in zip(("trnid", "valid", "tstid"), mine):
+            ids.setdefault(name, []).append(i)
+    savemat(base / "imagelabels.mat", {"labels": (labels + 1).astype(np.uint8)})
+    savemat(base / "setid.mat", {k: np.array(sorted(v), dtype=np.uint16) for k, v in ids.items()})
+    return root
+
+
 # --------------------------------------------------------------------------- CIFAR-10-C
 
 def write_cifar10_c(root: Path, corruptions=C10C_CORRUPTIONS) -> Path:
@@ -191,4 +240,6 @@ def write_all(base: Path) -> dict[str, Path]:
         "tinyimagenet": write_tinyimagenet(base / "tin"),
         "imagenet": write_imagenet(base / "imagenet"),
         "cifar10_c": write_cifar10_c(base / "CIFAR-10-C"),
+        "stanford_cars": write_stanford_cars(base / "cars"),
+        "flowers102": write_flowers102(base / "flowers"),
     }

@@ -25,7 +25,7 @@ LOADERS = ("cpu", "device")
 COMMON_KEYS = (
     "root", "train_subset", "test_subset", "val_split", "augment", "seed", "download",
     "num_classes", "input_shape", "label_noise", "label_noise_seed", "ood", "ood_roots", "ood_subset",
-    "loader", "cache_dir",
+    "loader", "cache_dir", "image_size",
 )
 
 
@@ -97,9 +97,13 @@ class DataOptions:
     cache_dir: Any = None
     expected_num_classes: Any = None
     expected_input_shape: Any = None
+    image_size: int | None = None  # serve items at S x S (flatbnn.data.resize); None = the data set's own size
 
     def check_expected(self, num_classes: int, input_shape: Iterable[int]) -> None:
-        """``ValueError`` unless the data's ``num_classes``/``input_shape`` match the config's."""
+        """``ValueError`` unless the data's ``num_classes``/``input_shape`` (as served: ``image_size``) match the
+        config's."""
+        if self.image_size is not None:
+            input_shape = (tuple(input_shape)[0], self.image_size, self.image_size)
         check_expected(self.name, num_classes, input_shape, self.expected_num_classes, self.expected_input_shape)
 
 
@@ -163,5 +167,8 @@ class DatasetSpec:
             seed=int(get("seed", 0)),
             expected_num_classes=get("num_classes"),
             expected_input_shape=get("input_shape"),
+            image_size=int(get("image_size")) if get("image_size") not in (None, 0) else None,
         )
+        if opts.image_size is not None and opts.loader == "device":
+            raise ValueError(f"{self.name}: image_size needs loader=cpu (the device loader serves the stored arrays)")
         return opts, own

@@ -12,6 +12,9 @@ and delta in the precision. Per step, the batch is cut into ``m`` parts and for 
     g_p  = grad L_part(w + rho * g / s)                      ascent from the MEAN w, no normalisation
     h    = sqrt(s) * |g|
 
+``noise=false`` is the paper's "bSAM w/o Noise" ablation (Table 3, App. F.5: Alg. 1 line 3 off): w~ = w,
+so g, the ascent rho * g / s and h are all taken at the mean; the update and the predictive are unchanged.
+
 g_p and h are averaged over the parts (weighted by part size: the plain mean for equal parts, as
 the official code's reshape requires) and, under DDP, over ranks; then (``BSAMOptimizer.step``)
 
@@ -53,7 +56,8 @@ class BSAM(DiagonalGaussianMethod):
 
     def __init__(self, lr: float = 0.5, beta1: float = 0.9, beta2: float = 0.999, rho: float = 0.01,
                  m: int = 8, prior_precision: float = 40.0, n_data_factor: float = 1.0, damping: float = 0.1,
-                 s_init: float = 1.0, num_samples: int = 32, bn_stats: str = "both", eval_seed: int = 1):
+                 s_init: float = 1.0, num_samples: int = 32, bn_stats: str = "both", eval_seed: int = 1,
+                 noise: bool = True):
         if int(m) < 1:
             raise ValueError(f"method.m must be >= 1, got {m}")
         if bn_stats not in BN_POLICIES:
@@ -62,6 +66,7 @@ class BSAM(DiagonalGaussianMethod):
         self.lr_init, self.betas, self.rho, self.m = float(lr), (float(beta1), float(beta2)), float(rho), int(m)
         self.prior_precision, self.damping, self.s_init = float(prior_precision), float(damping), float(s_init)
         self.bn_stats = bn_stats
+        self.noise = bool(noise)
 
     def build_optimizer(self, params, n_data):
         return BSAMOptimizer(params, lr=self.lr_init, betas=self.betas, rho=self.rho,
@@ -95,9 +100,11 @@ class BSAM(DiagonalGaussianMethod):
         try:
             for k, (chunk, share) in enumerate(chunks):
                 first = k == 0
-                noise = opt.sample_noise(self.generator)
+                # Alg. 1 line 3; noise off: the first gradient at the mean (Table 3 ablation). Always reassign:
+                # the previous part left the weights at its ascent point
+                noise = opt.sample_noise(self.generator) if self.noise else None
                 with torch.no_grad():
-                    self._assign(params, [w + n for w, n in zip(mean, noise)])
+                    self._assign(params, mean if noise is None else [w + n for w, n in zip(mean, noise)])
                 self._record = True  # train accuracy at the noisy weights, every part
                 loss, g = self._grad(params, chunk, backprop, first and self.bn_stats in ("first", "both"))
                 ascent, curv = opt.ascent(g), opt.curvature(g)
@@ -127,4 +134,4 @@ class BSAM(DiagonalGaussianMethod):
     def describe(self) -> dict:
         return {**super().describe(), "lr": self.lr_init, "beta1": self.betas[0], "beta2": self.betas[1],
                 "rho": self.rho, "m": self.m, "prior_precision": self.prior_precision,
-                "damping": self.damping, "s_init": self.s_init, "bn_stats": self.bn_stats}
+                "damping": self.damping, "s_init": self.s_init, "bn_stats": self.bn_stats, "noise": self.noise}

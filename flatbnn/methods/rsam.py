@@ -1,7 +1,9 @@
 """RandomSAM as a method (Ujvary et al., variational_sam Alg. 1, Table 1): MFVI with mu only.
 
-q = N(w, Sigma) with a FIXED isotropic Sigma = (rho^2 / P) I (P = number of trained weights; or
-``sigma^2 I`` with an explicit ``method.sigma``); sigma is not learned, so the only KL term left is the
+q = N(w, Sigma) with a FIXED isotropic Sigma; ``noise_scale`` names its size: ``paper`` = ``sigma^2 I``
+with the paper's sigma = 5e-5 (App. D, "we have set this to 5e-5"; also the authors' notebook-era
+RandomSAM, whose noise is its init_scale_M = 5e-5), ``official`` = (rho^2 / P) I, P = number of trained
+weights (the later official RandomSAM: rho / sqrt(P), rho = 0.05); sigma is not learned, so the only KL term left is the
 prior's on the mean. Per step:
 
     grad = d/dw mean NLL(w + sqrt(Sigma) z)  +  prior_coef * w,       z ~ N(0, I)
@@ -30,8 +32,15 @@ class RandomSAMMethod(Method):
     own_perturbation = True
 
     def __init__(self, rho: float = 0.05, sigma: float | None = None, prior_coef: float = 0.02,
-                 num_samples: int = 1, eval_seed: int = 1):
+                 num_samples: int = 1, eval_seed: int = 1, noise_scale: str | None = None):
         super().__init__(num_samples=num_samples)
+        if noise_scale not in (None, "paper", "official"):
+            raise ValueError(f"method.noise_scale must be paper or official, got {noise_scale!r}")
+        if noise_scale == "paper" and sigma is None:
+            raise ValueError("method.noise_scale=paper needs method.sigma (the paper: 5e-5)")
+        if noise_scale == "official":
+            sigma = None  # rho / sqrt(P)
+        self.noise_scale = noise_scale or ("official" if sigma is None else "paper")
         self.perturbation = RandomPerturbation(rho=rho, sigma=sigma)
         self.prior_coef = float(prior_coef)
         self.eval_seed = int(eval_seed)
@@ -73,7 +82,7 @@ class RandomSAMMethod(Method):
 
     def describe(self) -> dict:
         d = {"name": self.name, "num_samples": self.num_samples, "rho": self.perturbation.rho,
-             "sigma": self.perturbation.sigma, "prior_coef": self.prior_coef}
+             "sigma": self.perturbation.sigma, "noise_scale": self.noise_scale, "prior_coef": self.prior_coef}
         if self.ctx is not None:
             d["noise_std"] = self.std()
         return d

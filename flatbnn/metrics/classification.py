@@ -27,6 +27,7 @@ from torch import Tensor
 
 __all__ = [
     "accuracy",
+    "top_k_accuracy",
     "nll",
     "predictive_log_probs",
     "brier",
@@ -131,6 +132,20 @@ def accuracy(probs: Tensor, targets: Tensor) -> float:
     return float((probs.argmax(dim=1) == targets).to(torch.float64).mean())
 
 
+def top_k_accuracy(probs: Tensor, targets: Tensor, k: int = 5) -> float:
+    """Fraction of examples whose target is among the ``k`` highest-scoring classes (probabilities,
+    log-probabilities or logits alike). An example counts when fewer than ``k`` classes score
+    strictly higher than its target, so ties never depend on the sort order (top-k >= top-1 always).
+    """
+    probs = _check_2d(probs, "probs")
+    targets = _check_targets(targets, probs.shape[0])
+    if probs.shape[0] == 0:
+        return float("nan")
+    target_score = probs.gather(1, targets.view(-1, 1))
+    higher = (probs > target_score).sum(dim=1)
+    return float((higher < k).to(torch.float64).mean())
+
+
 def predictive_log_probs(log_probs_samples: Tensor) -> Tensor:
     """Log of the Bayesian-model-average predictive: ``log (1/S) sum_s p_s(y|x)``.
 
@@ -152,7 +167,9 @@ def predictive_log_probs(log_probs_samples: Tensor) -> Tensor:
     s = x.shape[0]
     if s == 0:
         raise ValueError("need at least one sample")
-    return torch.logsumexp(x, dim=0) - math.log(s)
+    # float64 and clamped to <= 0: in float32, S samples with p = 1 give log(S) - log(S) > 0 (p > 1)
+    dtype = x.dtype if x.dtype.is_floating_point else torch.float32
+    return (torch.logsumexp(x.to(torch.float64), dim=0) - math.log(s)).clamp(max=0.0).to(dtype)
 
 
 def nll(log_probs: Tensor, targets: Tensor) -> float:
@@ -470,21 +487,33 @@ def confidence_score(probs: Tensor, kind: ScoreKind = "max_prob") -> Tensor:
     raise ValueError(f"kind must be one of {_SCORES}, got {kind!r}")
 
 
-def misclassification_metrics(probs: Tensor, targets: Tensor, score: ScoreKind = "max_prob") -> dict:
+AurocMethod = Literal["exact", "thresholds"]
+_AUROC_METHODS = ("exact", "thresholds")
+
+
+def misclassification_metrics(probs: Tensor, targets: Tensor, score: ScoreKind = "max_prob",
+                              auroc_method: AurocMethod = "exact", n_thresholds: int = 2500) -> dict:
     """Misclassification detection (bSAM / VOGN "AUROC"): can the confidence score separate
     correct from wrong predictions?
 
     Positives = **correctly classified** examples; score = :func:`confidence_score` (higher =
     more confident = predicted correct). Keys ``auroc_misclassification`` and
     ``aupr_misclassification`` (AP with correct as positives); NaN when all or no predictions
-    are correct.
+    are correct. ``auroc_method="thresholds"``: the AUROC of :func:`auroc_thresholds` on a grid of
+    ``n_thresholds`` thresholds (the bSAM / VOGN code's 2,500; needs ``score="max_prob"``, a score in
+    [0, 1]); ``"exact"``: :func:`auroc`.
     """
+    if auroc_method not in _AUROC_METHODS:
+        raise ValueError(f"metrics.auroc must be one of {_AUROC_METHODS}, got {auroc_method!r}")
+    if auroc_method == "thresholds" and score != "max_prob":
+        raise ValueError(f"metrics.auroc=thresholds needs a score in [0, 1] (misclass_score=max_prob), got {score!r}")
     probs = _check_2d(probs, "probs")
     targets = _check_targets(targets, probs.shape[0])
     s = confidence_score(probs, score)
     correct = (probs.argmax(dim=1) == targets).long()
     return {
-        "auroc_misclassification": auroc(s, correct),
+        "auroc_misclassification": (auroc(s, correct) if auroc_method == "exact"
+                                    else auroc_thresholds(s, correct, int(n_thresholds))),
         "aupr_misclassification": aupr(s, correct),
     }
 
@@ -521,12 +550,15 @@ def classification_metrics(
     ece_binning: Binning = "width",
     ece_edges: Edges = "right",
     misclass_score: ScoreKind = "max_prob",
+    auroc_method: AurocMethod = "exact",
+    n_thresholds: int = 2500,
 ) -> dict:
     """All standard metrics of a predictive distribution.
 
     ``log_probs``: predictive log-probabilities ``[N, C]`` (log of the mean probability over
     posterior samples); a ``[S, N, C]`` stack of per-sample log-probs is reduced with
-    :func:`predictive_log_probs` first. Returns floats: ``accuracy``, ``nll``, ``ece``
+    :func:`predictive_log_probs` first. Returns floats: ``accuracy`` (and ``top5_accuracy`` when
+    there are more than 5 classes), ``nll``, ``ece``
     (``ece_bins`` bins, ``ece_binning``, ``ece_edges``; see :func:`ece`), ``brier``,
     ``auroc_misclassification``, ``aupr_misclassification`` (positives = correctly classified;
     NaN if every or no prediction is correct).
@@ -549,5 +581,8 @@ def classification_metrics(
         "ece": ece(probs_ece, targets, n_bins=ece_bins, binning=ece_binning, edges=ece_edges),
         "brier": brier(probs, targets),
     }
-    out.update(misclassification_metrics(probs, targets, score=misclass_score))
+    if log_probs.shape[1] > 5:  # top-5 is trivially 1 with <= 5 classes (FSAM Table 2 prints it for ImageNet)
+        out["top5_accuracy"] = top_k_accuracy(log_probs, targets, 5)
+    out.update(misclassification_metrics(probs, targets, score=misclass_score, auroc_method=auroc_method,
+                                         n_thresholds=n_thresholds))
     return out

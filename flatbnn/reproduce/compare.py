@@ -14,6 +14,7 @@ import json
 import math
 import shutil
 import statistics
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -314,6 +315,12 @@ def write_comparison(row: Row, scale: str, out: Path | None = None, dest: Path |
     c = build(row, scale, out)
     dest = Path(dest or RESULTS_ROOT / row.row)
     dest.mkdir(parents=True, exist_ok=True)
+    if Path(c["out"]).exists():  # the spec's compare.figures (curves / sweeps) drawn from the runs themselves
+        from flatbnn.reproduce.figures import draw_figures
+        try:
+            draw_figures(row, scale, Path(c["out"]))
+        except (ValueError, OSError) as e:  # a figure must not cost the comparison table: say so, go on
+            print(f"compare {row.row} ({scale}): figure not drawn: {' '.join(str(e).split())[:300]}", file=sys.stderr)
     pngs = sorted(Path(c["out"]).glob("*.png")) if Path(c["out"]).exists() else []
     if scale != "smoke":
         for p in pngs:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from flatbnn.reproduce.launch import compose_cell
+import fnmatch
+from pathlib import Path
+
+from flatbnn.reproduce.launch import compose_cell, source_cell
 from flatbnn.reproduce.spec import SCALES, Row, SpecError, list_rows, load_row
 
 
@@ -17,10 +20,20 @@ def compose_all(rows: list[str] | None = None) -> list[str]:
                 if cell.blocked:
                     continue
                 try:
-                    compose_cell(cell.overrides)
+                    compose_cell(_eval_base(row, scale, cell.id) + cell.overrides)
                 except Exception as e:  # hydra composition errors: report, go on
                     problems.append(f"{name} / {cell.id} / {scale}: {' '.join(str(e).split())[:300]}")
     return problems
+
+
+def _eval_base(row: Row, scale: str, cell_id: str) -> list[str]:
+    """An eval row's overrides apply on top of the trained row's cell it re-evaluates (evaluate.py loads that
+    run's config), so that cell's overrides are composed first; a train row has none."""
+    if row.kind != "eval":
+        return []
+    src = load_row(row.eval_from["row"])
+    wanted = source_cell(row, cell_id)
+    return next((c.overrides for c in src.cells_for(scale) if c.id == wanted), [])
 
 
 def check_data(row: Row, scale: str, extra: list[str]) -> None:
@@ -28,6 +41,7 @@ def check_data(row: Row, scale: str, extra: list[str]) -> None:
     one-line FileNotFoundError (which data, which key) before any job starts."""
     from hydra.utils import instantiate
 
+    check_files(row, scale, extra)
     seen = set()
     for cell in row.cells_for(scale):
         if cell.blocked:
@@ -45,4 +59,24 @@ def check_data(row: Row, scale: str, extra: list[str]) -> None:
                                     f"scripts/reproduce.py run {row.row} --scale {scale} -- dataset.root=PATH") from None
 
 
-__all__ = ["compose_all", "check_data", "SpecError"]
+def check_files(row: Row, scale: str, extra: list[str]) -> None:
+    """The spec's ``requires`` entries with ``file: true`` (weights, checkpoints): the config key must name an
+    existing file in every runnable cell, else ONE line saying which key, which file and what it holds."""
+    from omegaconf import OmegaConf
+
+    for req in row.requires or []:
+        if not (isinstance(req, dict) and req.get("file")):
+            continue
+        for cell in row.cells_for(scale):
+            if cell.blocked or any(fnmatch.fnmatchcase(cell.id, g) for g in req.get("unless_cells") or []):
+                continue
+            value = OmegaConf.select(compose_cell(cell.overrides + list(extra)), req["key"])
+            if value in (None, "") or not Path(str(value)).expanduser().is_file():
+                got = "not set" if value in (None, "") else f"{value} does not exist"
+                raise FileNotFoundError(f"{row.row} ({scale}) needs {req['key']} = {req['what']} ({got}); pass it "
+                                        f"after '--': scripts/reproduce.py run {row.row} --scale {scale} -- "
+                                        f"{req['key']}=/path/to/{req.get('example', 'file')}")
+            break  # one cell per entry: the key is the row's, not the cell's
+
+
+__all__ = ["compose_all", "check_data", "check_files", "SpecError"]

@@ -1,0 +1,218 @@
+"""Figures a row's comparison draws from its own runs (spec ``compare.figures``; docs/reproduce.md).
+
+Two kinds, each one PNG written into the row's output folder (``write_comparison`` copies every PNG there beside
+the Markdown):
+
+* ``curves`` -- per-epoch curves from each run's ``metrics.jsonl``: one panel per (value of the ``rows`` axis x
+  metric), one line per value of the ``lines`` axis, the mean over seeds with a +- 1 std band (HWA Fig. 1). A metric
+  is a list of alternative keys (``"test/accuracy|val/accuracy"``: a run holding out a validation split logs
+  ``val/``); the first key a run has is used and named in the panel title.
+* ``sweep`` -- a final metric (``results.json`` ``metrics``) against the numeric value of the ``x`` axis (its
+  labels' number: ``rho0.05`` -> 0.05), one line per value of the ``lines`` axis, mean +- std over seeds, one
+  panel per metric (bSAM Fig. 4).
+
+The paper's reading (``results/paper/<row>.yaml`` ``figure.claim``) is printed under the panels, so our curves and
+the paper's words sit in one image.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import statistics
+import textwrap
+from pathlib import Path
+
+from flatbnn.reproduce.spec import Row, SpecError
+
+KINDS = ("curves", "sweep")
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def axis_number(label: str) -> float:
+    """The number in an axis label: ``rho0.05`` -> 0.05, ``m8`` -> 8."""
+    found = _NUMBER.search(label)
+    if not found:
+        raise SpecError(f"axis value {label!r} holds no number to plot")
+    return float(found.group())
+
+
+def _runs(row: Row, scale: str, out: Path):
+    """(axis values dict, seed, run dir) for every cell x seed of ``row`` at ``scale``."""
+    for cell in row.cells_for(scale):
+        values = dict(zip(row.axes, cell.id.split("/")))
+        for seed in cell.seeds:
+            yield values, seed, Path(out) / cell.id / f"seed{seed}"
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    records = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill
+    return records
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    values = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    if not values:
+        return math.nan, math.nan
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def curve_data(row: Row, scale: str, out: Path, spec: dict) -> dict:
+    """{facet: {metric: {line: {"epochs": [...], "mean": [...], "std": [...], "seeds": n, "key": used key}}}}."""
+    facet_axis, line_axis = spec.get("rows"), spec["lines"]
+    per = {}  # (facet, metric, line) -> {epoch: [values over seeds]}, plus the key actually used
+    keys_used = {}
+    for values, _seed, rd in _runs(row, scale, out):
+        records = _read_jsonl(rd / "metrics.jsonl")
+        if not records:
+            continue
+        facet = values.get(facet_axis, "") if facet_axis else ""
+        for metric in spec["metrics"]:
+            key = next((k for k in metric.split("|") if any(k in r for r in records)), None)
+            if key is None:
+                continue
+            slot = per.setdefault((facet, metric, values[line_axis]), {})
+            keys_used[(facet, metric, values[line_axis])] = key
+            for r in records:
+                if key in r and "epoch" in r:
+                    slot.setdefault(int(r["epoch"]), []).append(float(r[key]))
+    data = {}
+    for (facet, metric, line), by_epoch in per.items():
+        epochs = sorted(by_epoch)
+        stats = [_mean_std(by_epoch[e]) for e in epochs]
+        data.setdefault(facet, {}).setdefault(metric, {})[line] = {
+            "epochs": epochs, "mean": [s[0] for s in stats], "std": [s[1] for s in stats],
+            "seeds": max(len(v) for v in by_epoch.values()), "key": keys_used[(facet, metric, line)]}
+    return data
+
+
+def sweep_data(row: Row, scale: str, out: Path, spec: dict) -> dict:
+    """{metric: {line: {"x": [...], "mean": [...], "std": [...], "seeds": [n per x]}}} from results.json."""
+    x_axis, line_axis = spec["x"], spec["lines"]
+    per = {}
+    for values, _seed, rd in _runs(row, scale, out):
+        res = rd / "results.json"
+        if not res.exists():
+            continue
+        metrics = json.loads(res.read_text()).get("metrics", {})
+        for metric in spec["metrics"]:
+            if metric in metrics:
+                per.setdefault(metric, {}).setdefault(values[line_axis], {}).setdefault(
+                    axis_number(values[x_axis]), []).append(metrics[metric])
+    data = {}
+    for metric, lines in per.items():
+        for line, by_x in lines.items():
+            xs = sorted(by_x)
+            stats = [_mean_std(by_x[x]) for x in xs]
+            keep = [k for k, st in enumerate(stats) if math.isfinite(st[0])]  # e.g. AUROC undefined at smoke
+            if keep:
+                data.setdefault(metric, {})[line] = {
+                    "x": [xs[k] for k in keep], "mean": [stats[k][0] for k in keep],
+                    "std": [stats[k][1] for k in keep], "seeds": [len(by_x[xs[k]]) for k in keep]}
+    return data
+
+
+def _save(fig, path: Path) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
+    os.replace(tmp, path)  # atomic: a reader never sees half a PNG
+    return path
+
+
+def _caption(fig, row: Row, scale: str) -> None:
+    pd = row.paper_data() or {}
+    claim = (pd.get("figure") or {}).get("claim")
+    text = f"{row.row} ({scale} scale): mean +- 1 std over seeds."
+    if claim:
+        text += f"  The paper's reading: {claim}"
+    fig.text(0.01, -0.02, "\n".join(textwrap.wrap(text, 160)), ha="left", va="top", fontsize=7)
+
+
+def _band(ax, x, mean, std, label):
+    line, = ax.plot(x, mean, marker="o" if len(x) < 12 else None, ms=3, label=label)
+    lo = [m - s for m, s in zip(mean, std)]
+    hi = [m + s for m, s in zip(mean, std)]
+    ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+
+
+def draw_curves(row: Row, scale: str, out: Path, spec: dict) -> Path | None:
+    data = curve_data(row, scale, out, spec)
+    if not data:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    facets = [v for v in (row.values.get(spec["rows"], {}) if spec.get("rows") else [""]) if v in data]
+    metrics = spec["metrics"]
+    fig, axes = plt.subplots(len(facets), len(metrics), figsize=(3.4 * len(metrics), 2.8 * len(facets)),
+                             squeeze=False)
+    for i, facet in enumerate(facets):
+        for j, metric in enumerate(metrics):
+            ax = axes[i][j]
+            lines = data[facet].get(metric, {})
+            for line in row.values[spec["lines"]]:
+                if line in lines:
+                    d = lines[line]
+                    _band(ax, d["epochs"], d["mean"], d["std"], f"{line} (n={d['seeds']})")
+            key = next(iter(lines.values()))["key"] if lines else metric.split("|")[0]
+            ax.set_title(f"{facet}: {key}" if facet else key, fontsize=9)
+            ax.set_xlabel("epoch")
+            ax.grid(alpha=0.3)
+            if lines and j == 0:  # one legend per row of panels: the lines are the same in every column
+                ax.legend(fontsize=7)
+    fig.tight_layout()
+    _caption(fig, row, scale)
+    path = _save(fig, Path(out) / f"{spec.get('name', row.row + '_curves')}.png")
+    plt.close(fig)
+    return path
+
+
+def draw_sweep(row: Row, scale: str, out: Path, spec: dict) -> Path | None:
+    data = sweep_data(row, scale, out, spec)
+    if not data:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [m for m in spec["metrics"] if m in data]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.6 * len(metrics), 3.0), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        for line in row.values[spec["lines"]]:
+            if line in data[metric]:
+                d = data[metric][line]
+                _band(ax, d["x"], d["mean"], d["std"], f"{line} (n={max(d['seeds'])})")
+        if spec.get("xscale"):
+            ax.set_xscale(spec["xscale"])
+        ax.set_xlabel(spec["x"])
+        ax.set_title(metric, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    _caption(fig, row, scale)
+    path = _save(fig, Path(out) / f"{spec.get('name', row.row + '_sweep')}.png")
+    plt.close(fig)
+    return path
+
+
+def draw_figures(row: Row, scale: str, out: Path) -> list[Path]:
+    """Every figure of ``row.compare.figures`` from the runs under ``out`` (a figure without data is skipped)."""
+    paths = []
+    for spec in (row.compare or {}).get("figures") or []:
+        kind = spec.get("kind")
+        if kind not in KINDS:
+            raise SpecError(f"{row.row}: compare.figures kind must be one of {KINDS}, got {kind!r}")
+        draw = draw_curves if kind == "curves" else draw_sweep
+        path = draw(row, scale, Path(out), spec)
+        if path is not None:
+            paths.append(path)
+    return paths

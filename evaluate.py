@@ -207,7 +207,7 @@ def evaluate_run(run: Path, args: list[str], name: str | None = None) -> dict | 
         results = {"metrics": metrics, "meta": meta}
         write_json(out / "results.json", results)
         if cfg.trainer.get("reliability_diagram", False):
-            _reliability(predictive["test"].exp(), b.test_targets, out / "reliability.png", b.eval_cfg.ece_bins)
+            _reliability(predictive["test"].exp(), b.test_targets, out / "reliability.png", b.eval_cfg)
         shown = {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float) and k != "eval_seconds"}
         print(f"{out / 'results.json'}: num_samples={metrics['num_samples']} {shown}")
     D.barrier(b.info)

@@ -94,7 +94,12 @@ def _failed(e: Exception, msg: str | None, dist_line: str | None, run_dir_from_h
     run_dir = run_dir_from_hydra()
     detail = traceback.format_exc()
     line = msg or f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
-    if int(os.environ.get("RANK", "0")) == 0:
+    from flatbnn.engine.checkpoint import RunDirLocked
+    from flatbnn.engine.run import ResumeConfigMismatch
+    # a refused member does not own its run dir (another process holds it, or it is another config's run):
+    # it writes nothing there, the line below and the summary at the end say why
+    owns_dir = not isinstance(e, (RunDirLocked, ResumeConfigMismatch))
+    if int(os.environ.get("RANK", "0")) == 0 and owns_dir:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "failed.txt").write_text(detail + "\n" + line + "\n")
     print(f"flatbnn: error in {run_dir}: {line}", file=sys.stderr)

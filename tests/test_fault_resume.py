@@ -41,6 +41,20 @@ def test_rerun_with_another_config_is_refused_and_nothing_is_overwritten(tmp_pat
     assert _snapshot(run, names) == before  # Hydra's rewritten files were put back, the rest never touched
 
 
+def test_a_refused_sweep_member_writes_nothing_into_the_run_it_was_refused_and_the_sweep_goes_on(tmp_path):
+    sweep = tmp_path / "sweep"
+    train_cli(SMALL + ["trainer.epochs=1"], sweep / "seed0")  # an earlier run where member seed=0 will land
+    before = _snapshot(sweep / "seed0", ["results.json", "metrics.jsonl", "checkpoints/last.pt"])
+    cmd = [sys.executable, str(REPO / "train.py"), "--multirun", *SMALL, "trainer.epochs=1", "optimizer.lr=0.01",
+           "seed=0,1", f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=seed${seed}", "trainer.progress=false"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 1, p.stderr[-2000:]                  # a member failed: non-zero at the end
+    assert "another config" in p.stderr
+    assert not (sweep / "seed0" / "failed.txt").exists()        # the other run's dir is not written into
+    assert _snapshot(sweep / "seed0", list(before)) == before
+    assert json.loads((sweep / "seed1" / "results.json").read_text())["meta"]["seed"] == 1  # the sweep went on
+
+
 def test_resume_accepts_watching_keys_and_refuses_a_finished_run_without_checkpoint(tmp_path):
     args = SMALL + ["trainer.epochs=1"]
     ref = run_cfg(args, tmp_path / "a")

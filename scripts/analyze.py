@@ -228,6 +228,8 @@ def _bar_plot(out: dict, path: Path, args) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from flatbnn.metrics.reliability import save_png
+
     fig = Figure(figsize=(1.2 + 1.3 * len(out["runs"]), 4.0), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
@@ -239,8 +241,7 @@ def _bar_plot(out: dict, path: Path, args) -> None:
     ax.set_xticklabels(list(out["runs"]), rotation=20, fontsize=8)
     ax.set_ylabel(f"sharpness (rho={args.rho}, {args.steps} step{'s' if args.steps > 1 else ''})")
     ax.set_title(f"mean over {args.samples} sampled models", fontsize=9)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", bbox_inches="tight")
+    save_png(fig, path)
 
 
 def cmd_landscape(args) -> dict:

@@ -32,6 +32,7 @@ from flatbnn.engine.loggers import JsonlLogger
 from flatbnn.engine.provenance import git_commit, hardware
 from flatbnn.engine.trainer import Trainer
 from flatbnn.methods.base import RunContext
+from flatbnn.reproduce.aggregate import flatten  # {'a': {'b': 1}} -> {'a.b': 1} (light: no torch)
 from flatbnn.metrics.evaluate import EvalConfig, dataset_targets, evaluate
 
 
@@ -384,17 +385,6 @@ class Claim:
     changes: dict
 
 
-def _flat(d, prefix: str = "") -> dict:
-    out = {}
-    for k, v in (d or {}).items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
 def _covered(key: str, names) -> bool:
     return any(key == n or key.startswith(n + ".") for n in names)
 
@@ -407,7 +397,7 @@ def config_changes(reference: dict, current: dict) -> dict:
     """``{dotted key: (reference value, current value)}`` for every key both configs have that differs,
     exempt keys left out. A key only one side has (a config key added or removed by a code update) is not
     a change: group switches also change ``_target_`` / ``name``, which both sides have."""
-    ref, cur = _flat(reference), _flat(current)
+    ref, cur = flatten(reference or {}), flatten(current or {})
     return {k: (ref[k], cur[k]) for k in cur if k in ref and not _same(ref[k], cur[k])
             and not _covered(k, RESUME_EXEMPT)}
 
@@ -435,7 +425,7 @@ def claim_run_dir(b: Built) -> Claim:
     try:
         current = OmegaConf.to_container(cfg, resolve=True)
         allowed = list(cfg.trainer.get("resume_overrides") or [])
-        keys = _flat(current)
+        keys = flatten(current or {})
         for k in allowed:
             if not any(_covered(key, [k]) for key in keys):
                 raise ValueError(f"trainer.resume_overrides: {k} is not a config key (e.g. optimizer.lr)")

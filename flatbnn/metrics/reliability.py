@@ -84,13 +84,16 @@ def reliability_diagram(
     return save_png(fig, path)
 
 
-def save_png(fig, path: str | os.PathLike) -> str:
-    """Write ``fig`` as a PNG at ``path`` (parent folders created); returns the path as a string."""
+def save_png(fig, path: str | os.PathLike, dpi: float | None = None) -> str:
+    """Write ``fig`` as a PNG at ``path`` (parent folders created, atomically: a reader never sees half a
+    PNG); ``dpi`` None = matplotlib's default. Returns the path as a string."""
     path = os.fspath(path)
     parent = os.path.dirname(path)
     if parent:
         os.makedirs(parent, exist_ok=True)
-    fig.savefig(path, format="png", bbox_inches="tight")
+    tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp")
+    fig.savefig(tmp, dpi=dpi, format="png", bbox_inches="tight")
+    os.replace(tmp, path)
     return path
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import statistics
 import textwrap
@@ -120,10 +119,16 @@ def sweep_data(row: Row, scale: str, out: Path, spec: dict) -> dict:
     return data
 
 
-def _save(fig, path: Path) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
-    os.replace(tmp, path)  # atomic: a reader never sees half a PNG
+def _finish(fig, row: Row, scale: str, path: Path) -> Path:
+    """Lay out, caption with the paper's reading, write atomically, close."""
+    import matplotlib.pyplot as plt
+
+    from flatbnn.metrics.reliability import save_png
+
+    fig.tight_layout()
+    _caption(fig, row, scale)
+    save_png(fig, path, dpi=110)
+    plt.close(fig)
     return path
 
 
@@ -169,11 +174,7 @@ def draw_curves(row: Row, scale: str, out: Path, spec: dict) -> Path | None:
             ax.grid(alpha=0.3)
             if lines and j == 0:  # one legend per row of panels: the lines are the same in every column
                 ax.legend(fontsize=7)
-    fig.tight_layout()
-    _caption(fig, row, scale)
-    path = _save(fig, Path(out) / f"{spec.get('name', row.row + '_curves')}.png")
-    plt.close(fig)
-    return path
+    return _finish(fig, row, scale, Path(out) / f"{spec.get('name', row.row + '_curves')}.png")
 
 
 def draw_sweep(row: Row, scale: str, out: Path, spec: dict) -> Path | None:
@@ -197,11 +198,7 @@ def draw_sweep(row: Row, scale: str, out: Path, spec: dict) -> Path | None:
         ax.set_title(metric, fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    _caption(fig, row, scale)
-    path = _save(fig, Path(out) / f"{spec.get('name', row.row + '_sweep')}.png")
-    plt.close(fig)
-    return path
+    return _finish(fig, row, scale, Path(out) / f"{spec.get('name', row.row + '_sweep')}.png")
 
 
 def draw_figures(row: Row, scale: str, out: Path) -> list[Path]:

@@ -151,3 +151,27 @@ def test_overhead_ratios_beside_the_paper(tmp_path):
     assert "CPU numbers" in md and "1.0052" in md
     assert (tmp_path / "o.png").stat().st_size > 3000
     assert math.isclose(out["seconds_per_batch"]["map+sam"], 0.2)
+
+
+def test_overhead_comparison_reads_the_analysis_json(tmp_path):
+    """The script row's comparison takes its cells from overhead.json (seconds per batch of SAM and FSAM beside
+    the paper's) and carries the analysis' ratio table; without the file the cells are listed as missing."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import analyze
+    from flatbnn.reproduce.compare import build, to_markdown
+    from flatbnn.reproduce.spec import load_row
+
+    row = load_row("fsam_overhead")
+    empty = build(row, "cpu", out=tmp_path)
+    assert {r["cell"]: r["state"] for r in empty["table"]} == {"sam": "missing", "fsam": "missing"}
+    rows = {"map+none": [100], "map+sam": [300], "map+asam": [310], "map+fsam": [330]}
+    bench = {"device": {"type": "cpu", "name": "cpu, 2 threads", "threads": 2}, "torch": "x", "label": "test",
+             "settings": {"model": "resnet_cifar", "batch_size": 128, "precision": "fp32"}, "git": {},
+             "rows": {k: {"step_ms": v, "step_ms_median": float(np.median(v))} for k, v in rows.items()}}
+    (tmp_path / "benchmark.json").write_text(json.dumps(bench))
+    analyze.main(["overhead", str(tmp_path / "benchmark.json"), "--out", str(tmp_path / "overhead.png")])
+    c = build(row, "cpu", out=tmp_path)
+    got = {r["cell"]: (r["ours_mean"], r["paper_mean"], r["state"]) for r in c["table"]}
+    assert got == {"sam": (pytest.approx(0.3), 0.2322, "done"), "fsam": (pytest.approx(0.33), 0.2334, "done")}
+    md = to_markdown(c)
+    assert "| FSAM/SAM | 1.100" in md and "## The analysis (`overhead.md`)" in md

@@ -58,6 +58,8 @@ def _finite(x) -> bool:
 def collect(row: Row, scale: str, out: Path | None = None) -> dict:
     """Our runs of ``row`` at ``scale``: per cell the seeds' results.json (and the states of missing jobs)."""
     out = Path(out or OUTPUT_ROOT / row.row / scale)
+    if row.kind == "script":
+        return {"out": str(out), "cells": _script_cells(row, out)}
     cells = {}
     for cell in row.cells_for(scale):
         runs, states = [], {}
@@ -68,6 +70,28 @@ def collect(row: Row, scale: str, out: Path | None = None) -> dict:
                 runs.append(json.loads((run_dir(out, cell.id, seed) / "results.json").read_text()))
         cells[cell.id] = {"runs": runs, "states": states, "blocked": cell.blocked}
     return {"out": str(out), "cells": cells}
+
+
+def _script_cells(row: Row, out: Path) -> dict:
+    """A script row's cells, read from the JSON its analysis wrote (spec ``compare.cells_from: {file, metrics:
+    {<metric>: "<dotted path with {cell}>"}}``, e.g. fsam_overhead's ``seconds_per_batch.map+{cell}`` in
+    overhead.json): one pseudo-run per cell, state done / missing. Rows without it have no cells to compare."""
+    spec = (row.compare or {}).get("cells_from")
+    if not spec:
+        return {}
+    path = out / spec["file"]
+    data = json.loads(path.read_text()) if path.exists() else None
+    cells = {}
+    for cell in row.cells or []:
+        metrics = {}
+        for metric, template in (spec.get("metrics") or {}).items():
+            value = _get(data or {}, template.format(cell=cell))
+            if value is not None:
+                metrics[METRIC_PATHS.get(metric, metric)] = value
+        state = ("done", str(path)) if metrics else ("missing", f"{path} has no numbers for {cell}")
+        cells[cell] = {"runs": [{"metrics": metrics, "meta": None}] if metrics else [], "states": {0: state},
+                       "blocked": None}
+    return cells
 
 
 def _paper_to_ours(row: Row, paper_cell: str, metric: str, scale: str = "paper") -> tuple[str, str]:
@@ -133,7 +157,7 @@ def build(row: Row, scale: str, out: Path | None = None) -> dict:
                     rec["verdict"] = _verdict(rec)
             table.append(rec)
     direction = _directions(row, table) if scale != "smoke" else []
-    runs = [r for c in ours["cells"].values() for r in c["runs"]]
+    runs = [r for c in ours["cells"].values() for r in c["runs"] if r.get("meta")]  # not a script's pseudo-runs
     script = None
     launch_file = Path(ours["out"]) / "launch.json"
     if row.kind == "script" and launch_file.exists():
@@ -148,6 +172,8 @@ def build(row: Row, scale: str, out: Path | None = None) -> dict:
             "paper_conventions": pd.get("conventions"), "paper_notes": pd.get("notes") or [],
             "figure": pd.get("figure"), "available": pd.get("available", True),
             "choices": row.choices or {},
+            "included": {n: (Path(ours["out"]) / n).read_text() for n in (row.compare or {}).get("include") or []
+                         if (Path(ours["out"]) / n).exists()},
             "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
@@ -292,6 +318,12 @@ def to_markdown(c: dict) -> str:
             lines.append(f"| `{d['cell']}` | `{d['vs']}` | {d['metric']} | {d['paper_better'] or '–'} "
                          f"({_fmt(d['paper'][0])} vs {_fmt(d['paper'][1])}) | {d['ours_better'] or '–'} "
                          f"({_fmt(d['ours'][0])} vs {_fmt(d['ours'][1])}) | {mark} |")
+    for name, text in (c.get("included") or {}).items():  # the script's own report (e.g. derived ratios)
+        body = text.splitlines()
+        if body and body[0].startswith("# "):
+            body = body[1:]
+        lines += ["", f"## The analysis (`{name}`)", ""] + [ln.replace("# ", "### ", 1) if ln.startswith("# ") else ln
+                                                           for ln in body]
     if c.get("figure"):
         fig = c["figure"]
         lines += ["", "## The paper's figure", "", f"- shows: {fig.get('shows', '')}",

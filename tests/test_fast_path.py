@@ -235,3 +235,63 @@ def test_a_map_sam_step_reads_nothing_back_from_the_device(monkeypatch):
     for _ in range(3):
         method.train_step(batch, flat, bp)
     assert counts["n"] == 0
+
+
+def _method_for_sync_check(name: str, module: nn.Module):
+    """VOGN (per-example gradients, its own optimiser) and VSAM (ellipsoid ascent + Sigma step), set up on CPU."""
+    from flatbnn.methods.vogn import VOGN
+    from flatbnn.methods.vsam import VariationalSAM
+
+    gen = torch.Generator().manual_seed(0)
+    if name == "vogn":
+        method = VOGN(m=2, num_samples=2, lr=0.1, beta1=0.9, beta2=0.999, prior_precision=1.0, damping=0.0,
+                      s_init=1.0)
+        factory = None
+    else:
+        method = VariationalSAM(rho=0.5, init_radius=0.3, init_count=4.0, m_lr=0.1, prior_std=1.0)
+        factory = lambda p: torch.optim.SGD(p, lr=0.1)  # noqa: E731
+    method.setup(RunContext(model=module, module=module, device=torch.device("cpu"), n_train=8, steps_per_epoch=1,
+                            epochs=1, optimizer_factory=factory, scheduler_factory=None, generator=gen))
+    return method
+
+
+@pytest.mark.parametrize("name", ["vogn", "vsam"])
+def test_vogn_and_vsam_steps_read_nothing_back_from_the_device(name, monkeypatch):
+    """The per-chunk train accuracy (VOGN) and the finite-gradient guard (VSAM) stay on the device: a `.cpu()`
+    or an `if tensor:` there is a host sync on every GPU step."""
+    from flatbnn.flatness import NoFlatness
+
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    method = _method_for_sync_check(name, module)
+    flat = NoFlatness()
+    flat.setup(method.ctx, method)
+    bp = Backprop(module, torch.device("cpu"))
+    batch = (torch.randn(8, 4), torch.randint(0, 3, (8,)))
+    counts = _count_reads(monkeypatch)
+    for _ in range(3):
+        method.train_step(batch, flat, bp)
+    assert counts["n"] == 0
+    monkeypatch.undo()
+    correct, seen = method.pop_train_accuracy()  # the count kept on the device is still the right one
+    assert seen == 24 and 0 <= correct <= 24
+
+
+def test_ddp_stop_flag_is_agreed_every_log_every_steps_only(monkeypatch):
+    """Every rank must stop at the same step; agreeing costs a collective and a host read, so under DDP it is
+    done on the global steps divisible by log_every (the same on every rank), not after every step."""
+    calls = []
+
+    def fake_all_reduce(values, info, device):
+        calls.append(list(values))
+        return values
+    monkeypatch.setattr(D, "all_reduce_sum", fake_all_reduce)
+    trainer = Trainer(epochs=1, run_dir=Path("unused"), info=D.DistInfo(), device=torch.device("cpu"),
+                      checkpoint_every=0, progress=False, log_every=4)
+    trainer.info = D.DistInfo(rank=0, world_size=2, local_rank=0)
+    stop = type("Stop", (), {"raised": True})()
+    seen = []
+    for step in range(1, 10):
+        trainer.global_step = step
+        seen.append(trainer._stop_requested(stop))
+    assert seen == [s % 4 == 0 for s in range(1, 10)] and len(calls) == 2

@@ -84,9 +84,10 @@ class VariationalSAM(Method):
         """eps = rho (g / M^2) / sqrt(sum g^2 / M^2)."""
         inv = [1.0 / (m * m) for m in self.M]
         norm = torch.sqrt(sum((g * g * i).sum() for g, i in zip(grads, inv)))
-        if not torch.isfinite(norm):
-            return [torch.zeros_like(g) for g in grads]
-        return [self.rho * g * i / (norm + self.eps) for g, i in zip(grads, inv)]
+        # a non-finite gradient gives no ascent; decided on the device (`if` on a tensor syncs every step)
+        finite = torch.isfinite(norm)
+        return [torch.where(finite, self.rho * g * i / (norm + self.eps), torch.zeros_like(g))
+                for g, i in zip(grads, inv)]
 
     def m_loss(self, grads) -> torch.Tensor:
         """rho sqrt(sum g^2/M^2) + (1/2N)(sum M^-2 / sigma_prior + sum log M^2), g fixed."""

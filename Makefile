@@ -69,7 +69,7 @@ reproduce-fsam-sweep: setup
 # ---------------------------------------------------------------------------- paper rows (docs/reproduce.md)
 #   make reproduce-<row> SCALE=smoke|cpu|paper [ARGS="dataset.root=..."] [LAUNCHER=slurm|local|cpu_parallel] [DRY=1]
 #     LAUNCHER: a configs/hydra/launcher option (docs/cluster.md); DRY=1 prints the sweep command, runs nothing
-#   make reproduce-all SCALE=smoke            (CI) every row, then results/STATUS.md
+#   make reproduce-all SCALE=smoke [JOBS=4]   (CI) every row (JOBS rows at a time), then results/STATUS.md
 #   make compare-<row> SCALE=cpu              rerender the comparison from whatever runs exist
 #   make status                               regenerate results/STATUS.md
 SCALE    ?= smoke
@@ -80,7 +80,7 @@ REPRO_FLAGS = --scale $(SCALE) $(if $(LAUNCHER),--launcher $(LAUNCHER)) $(if $(D
 
 .PHONY: reproduce-all status rows-check
 reproduce-all: setup
-	$(PY) scripts/reproduce.py all $(REPRO_FLAGS) -- $(ARGS)
+	$(PY) scripts/reproduce.py all $(REPRO_FLAGS) $(if $(JOBS),--jobs $(JOBS)) -- $(ARGS)
 
 reproduce-%: setup
 	$(PY) scripts/reproduce.py run $* $(REPRO_FLAGS) -- $(ARGS)

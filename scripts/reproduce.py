@@ -60,6 +60,27 @@ def _run_row(name: str, args, extra: list[str]) -> int:
     return rc
 
 
+def _run_rows_in_parallel(names: list[str], args, extra: list[str]) -> list[int]:
+    """``run <row>`` for each row as its own process, ``args.jobs`` at a time; each row's output is printed
+    whole when it ends (not interleaved). Smoke jobs are mostly Python start-up, so this scales with cores."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    flags = ["--scale", args.scale] + (["--launcher", args.launcher] if args.launcher else []) + \
+        (["--cells", args.cells] if args.cells else []) + (["--force"] if args.force else []) + \
+        (["--no-compare"] if args.no_compare else [])
+
+    def one(name: str) -> int:
+        p = subprocess.run([sys.executable, __file__, "run", name, *flags, "--", *extra],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        sys.stderr.write(f"===== {name} (exit {p.returncode})\n{p.stdout}")
+        sys.stderr.flush()
+        return p.returncode
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        return list(pool.map(one, names))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n", 2)[2])
@@ -78,6 +99,9 @@ def main(argv=None) -> int:
         p.add_argument("--force", action="store_true", help="rerun finished jobs from scratch")
         p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
         p.add_argument("--no-compare", action="store_true")
+        if name == "all":
+            p.add_argument("--jobs", type=int, default=1,
+                           help="rows run at once, each in its own process (CI's smoke stage: the core count)")
     cmp_ = sub.add_parser("compare")
     cmp_.add_argument("row")
     cmp_.add_argument("--scale", choices=SCALES, default="cpu")
@@ -113,9 +137,16 @@ def main(argv=None) -> int:
             worst = 0
             # trained rows first: eval rows and the analysis scripts read their runs
             order = {"train": 0, "eval": 1, "script": 2}
-            for name in sorted(list_rows(), key=lambda n: (order[load_row(n).kind], n)):
-                rc = _run_row(name, args, extra)
-                worst = rc if worst == 0 else worst
+            names = sorted(list_rows(), key=lambda n: (order[load_row(n).kind], n))
+            if args.jobs > 1 and not args.dry_run:
+                for kind in order:  # one stage at a time: a stage reads the runs of the one before
+                    stage = [n for n in names if load_row(n).kind == kind]
+                    for rc in _run_rows_in_parallel(stage, args, extra):
+                        worst = rc if worst == 0 else worst
+            else:
+                for name in names:
+                    rc = _run_row(name, args, extra)
+                    worst = rc if worst == 0 else worst
             if not args.dry_run:
                 from flatbnn.reproduce.status import write_status
                 print(f"status board: {write_status()}", file=sys.stderr)

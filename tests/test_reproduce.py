@@ -190,3 +190,24 @@ def test_cli_check_and_missing_row_are_one_line():
     p = subprocess.run([sys.executable, str(REPO / "scripts" / "reproduce.py"), "run", "no_such_row"],
                        capture_output=True, text=True, cwd=REPO)
     assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "no row spec" in p.stderr
+
+
+def test_all_with_jobs_runs_train_then_eval_then_script_rows_each_stage_in_parallel(monkeypatch):
+    """``reproduce.py all --jobs N`` (CI's smoke stage) keeps the stage order -- eval rows read the trained
+    rows' runs, analysis scripts read both -- and runs every row exactly once; a failed row's code is returned."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import reproduce as cli
+
+    stages = []
+
+    def fake_parallel(names, args, extra):
+        stages.append(list(names))
+        assert args.jobs == 3 and extra == ["trainer.progress=false"]
+        return [1 if n == "bsam_t3" else 0 for n in names]
+    monkeypatch.setattr(cli, "_run_rows_in_parallel", fake_parallel)
+    monkeypatch.setattr(status, "write_status", lambda: "STATUS.md")
+    rc = cli.main(["all", "--scale", "smoke", "--jobs", "3", "--", "trainer.progress=false"])
+    kinds = [{spec.load_row(n).kind for n in stage} for stage in stages]
+    assert kinds == [{"train"}, {"eval"}, {"script"}]
+    assert sorted(n for stage in stages for n in stage) == sorted(spec.list_rows())
+    assert rc == 1

@@ -38,7 +38,8 @@ EVAL_KEYS = (
     "dataset.test_subset", "dataset.shift_*", "dataset.ood", "dataset.ood_*", "dataset.ood_roots.*",
     "dataset.corruptions", "dataset.severities",  # dataset=cifar10_c: its test sets
     "dataset.root", "dataset.clean_root", "dataset.cache_dir",
-    "trainer.eval_batch_size", "trainer.device", "trainer.num_workers", "trainer.reliability_diagram",
+    "trainer.eval_batch_size", "trainer.eval_sample_chunk", "trainer.device", "trainer.num_workers",
+    "trainer.reliability_diagram",
     "trainer.progress",
 )
 

@@ -99,6 +99,7 @@ REFERENCE_RATIOS = [
 ]
 REFERENCE_ROWS = ("ref:sam", "ref:asam", "ref:swag", "ref:collect:swag", "ref:sample:swag", "ref:bsam")
 SMOKE = {"model": "mlp", "model_overrides": {"hidden": [64]}, "batch_size": 16, "steps": 2, "warmup": 1, "repeats": 3,
+         "eval_samples": 4, "eval_chunk": 4,
          "configs": "map+none,map+sam,map+asam,map+fsam,swag+none,map_adam+sam_m8,bsam+none"}
 SWAG_RANK = 20
 
@@ -226,6 +227,29 @@ def build_swag_parts(method: SWAG, device):
     return method.collect, (lambda: method.sample_vector(g))
 
 
+def build_predict(args, device, chunk: int):
+    """One K-sample bSAM predictive over a batch (``--eval-samples K``) with ``chunk`` weight samples per
+    vmapped forward (trainer.eval_sample_chunk; 1 = the one-by-one loop)."""
+    torch.manual_seed(0)
+    method = BSAM(num_samples=args.eval_samples)
+    module, model = _prepare(create(args), args, device)
+    ctx = RunContext(model=model, module=module, device=device, n_train=50_000, steps_per_epoch=1, epochs=1,
+                     optimizer_factory=None, scheduler_factory=None,
+                     generator=torch.Generator(device=device).manual_seed(0), channels_last=args.channels_last,
+                     eval_sample_chunk=chunk)
+    method.setup(ctx)
+    x, y = _data(args, _input_shape(args.model), device)
+    loaders = {"test": [(x, y)]}
+
+    def predict():
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            for _ in method.predict(loaders):
+                pass
+    for _ in range(args.warmup):
+        predict()
+    return predict
+
+
 def time_steps(step, steps: int, device) -> float:
     _sync(device)
     t0 = time.perf_counter()
@@ -254,7 +278,7 @@ def summarise(times: dict[str, list[float]], kinds: dict[str, str], args) -> dic
         med = statistics.median(ms)
         row = {"kind": kinds[name], "step_ms": ms, "step_ms_median": med, "step_ms_min": min(ms),
                "step_ms_max": max(ms), "spread": (max(ms) - min(ms)) / med if med > 0 else None}
-        if kinds[name] == "step":  # collection / sampling rows process no images
+        if kinds[name] in ("step", "predict"):  # collection / sampling rows process no images
             row.update(images_per_s=args.batch_size / med * 1e3,
                        images_per_s_min=args.batch_size / max(ms) * 1e3,
                        images_per_s_max=args.batch_size / min(ms) * 1e3)
@@ -317,6 +341,10 @@ def parse_args(argv=None):
     ap.add_argument("--compile", action="store_true", help="torch.compile the backbone (ours and the reference)")
     ap.add_argument("--configs", default=None, help=f"comma-separated method+flatness pairs (default: {DEFAULT})")
     ap.add_argument("--reference", action="store_true", help="also time the reference loops (ours/ref ratios)")
+    ap.add_argument("--eval-samples", type=int, default=0,
+                    help="also time a K-sample bSAM predictive over one batch (0 = off)")
+    ap.add_argument("--eval-chunk", type=int, default=8,
+                    help="weight samples per vmapped forward for that predictive, beside the one-by-one loop")
     ap.add_argument("--smoke", action="store_true", help="tiny model, 2 steps: the whole pipeline in seconds")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--label", default=None, help="what these numbers are (default: device and 'smoke')")
@@ -370,6 +398,10 @@ def main(argv=None) -> dict:
         for name in REFERENCE_ROWS:
             steps[name] = build_reference(name, args, device)
             kinds[name] = "step" if name in ("ref:sam", "ref:asam", "ref:swag", "ref:bsam") else name.split(":")[1]
+    if args.eval_samples:  # the K-sample predictive, one by one vs eval_sample_chunk at a time
+        for chunk in sorted({1, args.eval_chunk}):
+            name = f"predict:k{args.eval_samples}:chunk{chunk}"
+            steps[name], kinds[name] = build_predict(args, device, chunk), "predict"
     times = {name: [] for name in steps}
     for _ in range(args.repeats):  # interleaved: every row once per round
         for name, step in steps.items():
@@ -404,9 +436,12 @@ def main(argv=None) -> dict:
                      "batch_size": args.batch_size, "steps": args.steps, "warmup": args.warmup,
                      "repeats": args.repeats, "precision": args.precision, "channels_last": args.channels_last,
                      "compile": args.compile, "smoke": args.smoke, "reference": args.reference,
-                     "swag_collect": "every step (worst case)", "configs": pairs},
+                     "swag_collect": "every step (worst case)", "configs": pairs,
+                     "eval_samples": args.eval_samples, "eval_chunk": args.eval_chunk},
         "rows": rows,
-        "ratios": {**ratios(rows, RATIOS), **ratios(rows, REFERENCE_RATIOS)},
+        "ratios": {**ratios(rows, RATIOS), **ratios(rows, REFERENCE_RATIOS), **ratios(rows, [
+            (f"predictive chunk{args.eval_chunk}/chunk1", f"predict:k{args.eval_samples}:chunk{args.eval_chunk}",
+             f"predict:k{args.eval_samples}:chunk1", 1.0)] if args.eval_samples and args.eval_chunk > 1 else [])},
         "skipped": skipped,
     }
     json_path = Path(args.json) if args.json else (

@@ -44,7 +44,7 @@ def _check_schema(res: dict, path) -> None:
         assert len(ms) == s["repeats"] and all(t > 0 for t in ms), name
         assert row["step_ms_median"] == statistics.median(ms)
         assert row["step_ms_min"] <= row["step_ms_median"] <= row["step_ms_max"]
-        if row["kind"] == "step":
+        if row["kind"] in ("step", "predict"):  # predict: images through the K-sample predictive
             assert row["images_per_s"] == pytest.approx(s["batch_size"] / row["step_ms_median"] * 1e3, rel=1e-12)
     # the Markdown table beside it names every row and ratio
     md = path.with_suffix(".md").read_text()
@@ -65,7 +65,7 @@ def test_smoke_run_writes_the_result_and_its_ratios(tmp_path):
     res = bench.main(["--smoke", "--configs", "map+none,map+sam,map+fsam,map+asam,swag+none", "--json", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(res))  # what was returned is what was written
     _check_schema(res, out)
-    _check_ratios(res, {"SAM/SGD", "FSAM/SAM", "ASAM/SAM", "SWAG/SGD"})
+    _check_ratios(res, {"SAM/SGD", "FSAM/SAM", "ASAM/SAM", "SWAG/SGD", "predictive chunk4/chunk1"})
     assert res["rows"]["swag+none"]["collect_ms"] > 0  # no timing inequality: the CI machine is shared
 
 
@@ -75,7 +75,8 @@ def test_smoke_reference_run_has_every_side_by_side_ratio(tmp_path):
     out = tmp_path / "ref.json"
     res = bench.main(["--smoke", "--reference", "--json", str(out)])
     _check_schema(res, out)
-    _check_ratios(res, {n for n, *_ in bench.RATIOS} | {n for n, *_ in bench.REFERENCE_RATIOS})
+    _check_ratios(res, {n for n, *_ in bench.RATIOS} | {n for n, *_ in bench.REFERENCE_RATIOS}
+                  | {"predictive chunk4/chunk1"})
     assert {"ref:sam", "ref:asam", "ref:swag", "ref:bsam", "collect:swag", "sample:swag"} <= set(res["rows"])
 
 

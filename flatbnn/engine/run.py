@@ -184,7 +184,7 @@ def build(cfg: DictConfig, run_dir: Path | None = None, *, training: bool = True
         scheduler_factory=instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
         label_smoothing=tc.label_smoothing, rank=info.rank, world_size=info.world_size, generator=generator,
         channels_last=tc.channels_last, model_factory=model_factory, train_loader=train_loader,
-        all_reduce_mean=all_reduce_mean, seed=cfg.seed)
+        all_reduce_mean=all_reduce_mean, seed=cfg.seed, eval_sample_chunk=tc.get("eval_sample_chunk", 1))
     method.setup(ctx)
     flatness.setup(ctx, method)
     total_epochs = tc.epochs * method.epoch_multiplier
@@ -360,8 +360,8 @@ def results_meta(b: Built, *, steps: int, train_seconds: float, wall_seconds: fl
 # and the rerun's is refused (the rerun would continue the old run under the new label); listing the key in
 # trainer.resume_overrides applies the change deliberately instead.
 RESUME_EXEMPT = ("trainer.resume", "trainer.resume_overrides", "trainer.init_from", "trainer.init_key",
-                 "trainer.progress", "trainer.num_workers", "trainer.eval_batch_size", "trainer.eval_every",
-                 "trainer.checkpoint_every", "trainer.reliability_diagram", "logger",
+                 "trainer.progress", "trainer.num_workers", "trainer.eval_batch_size", "trainer.eval_sample_chunk",
+                 "trainer.eval_every", "trainer.checkpoint_every", "trainer.reliability_diagram", "logger",
                  "dataset.root", "dataset.clean_root", "dataset.download", "dataset.ood_roots",
                  "dataset.shift_root")
 # Keys whose change alters the lr schedule's shape: a resume applying one rebuilds the schedule (at the

@@ -35,6 +35,7 @@ RULES: dict[str, tuple] = {
     "trainer.epochs": ("int", (0, None)),               # 0 = evaluate the loaded weights (rows/fsam_t2.yaml)
     "trainer.batch_size": _POS_INT,
     "trainer.eval_batch_size": _POS_INT,
+    "trainer.eval_sample_chunk": _POS_INT,
     "trainer.num_workers": _NONNEG_INT,
     "trainer.checkpoint_every": _NONNEG_INT,
     "trainer.eval_every": _NONNEG_INT,

@@ -38,6 +38,7 @@ class RunContext:
     train_loader: object = None            # training loader (BatchNorm refresh of sampled weights)
     all_reduce_mean: Callable | None = None  # tensor -> mean over DDP ranks, in place (BN stats)
     seed: int = 0
+    eval_sample_chunk: int = 1             # weight samples per vmapped forward in predict_at_samples (1 = one by one)
     extra: dict = field(default_factory=dict)
 
 
@@ -170,6 +171,10 @@ class Method:
         params = self.parameters()
         mean = [p.detach().clone() for p in params]
         g = torch.Generator(device=self.ctx.device).manual_seed(self.eval_seed)
+        chunk = max(int(self.ctx.eval_sample_chunk or 1), 1)
+        if chunk > 1 and not any(m.training for m in self.module.modules()):
+            yield from self._predict_stacked(loaders, num_samples, draw, g, mean, chunk)
+            return
         try:
             for _ in range(num_samples):
                 for p, w in zip(params, draw(g, mean)):
@@ -178,6 +183,39 @@ class Method:
         finally:
             for p, w in zip(params, mean):
                 p.copy_(w)
+
+    def _predict_stacked(self, loaders: dict, num_samples: int, draw: Callable, g: torch.Generator,
+                         mean: list[torch.Tensor], chunk: int) -> Iterator[dict]:
+        """predict_at_samples with ``chunk`` weight samples per forward (``torch.func.vmap`` over stacked
+        weights; ``trainer.eval_sample_chunk``): the same samples in the same generator order, so the same
+        predictive up to float rounding. Only for an eval-mode module (BatchNorm from its running statistics:
+        a BN refresh per sample, as SWAG's, is a training pass and stays one by one). Weights are never written
+        into the module, so nothing needs restoring."""
+        from torch.func import functional_call, vmap
+
+        names = [n for n, _ in self.named_parameters()]
+
+        def logits(weights, x):
+            return functional_call(self.module, weights, (x,))
+
+        done = 0
+        while done < num_samples:
+            c = min(chunk, num_samples - done)
+            samples = [draw(g, mean) for _ in range(c)]
+            stacked = {n: torch.stack([w[i] for w in samples]) for i, n in enumerate(names)}
+            del samples
+            per_set = {}
+            for name, loader in loaders.items():
+                out = []
+                for x, _ in loader:
+                    x = x.to(self.ctx.device, non_blocking=True)
+                    if self.ctx.channels_last and x.dim() == 4:
+                        x = x.contiguous(memory_format=torch.channels_last)
+                    out.append(torch.log_softmax(vmap(logits, in_dims=(0, None))(stacked, x).float(), dim=-1).cpu())
+                per_set[name] = torch.cat(out, dim=1)  # [c, N, C]
+            for j in range(c):
+                yield {name: lp[j] for name, lp in per_set.items()}
+            done += c
 
     def monitor(self, loaders: dict) -> Iterator[dict[str, torch.Tensor]]:
         """Cheap per-epoch view for metrics.jsonl: the current weights, one pass (no sampling)."""

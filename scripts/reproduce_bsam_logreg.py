@@ -40,6 +40,7 @@ from matplotlib.patches import Ellipse  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from flatbnn.metrics.reliability import save_png  # noqa: E402
 from flatbnn.engine.provenance import git_commit, hardware  # noqa: E402
 from flatbnn.toys.logreg2d import (  # noqa: E402
     exact_posterior, fit_bsam, fit_sam, gaussian_kl, gaussian_w2, laplace, make_data, predictive_gaussian,
@@ -202,7 +203,7 @@ def figure(path, X, y, res, ex, preds, sam_rho, x1, x2):
     ax.legend(fontsize=8)
     fig.suptitle(f"bSAM Fig. 3 / F.1 reproduction: 2-D logistic regression, prior N(0, {res['prior_var']:g} I), "
                  f"N = {len(y)}", fontsize=12)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    save_png(fig, path, dpi=110)
     plt.close(fig)
 
 

@@ -29,6 +29,7 @@ import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from flatbnn.metrics.reliability import save_png  # noqa: E402
 from flatbnn.engine.provenance import git_commit, hardware  # noqa: E402
 from flatbnn.toys.twomoons import (  # noqa: E402
     BATCH, BSAM_HP, DELTA, N_DATA, SAM_HP, binary_entropy, make_data, predictive, train_bsam, train_sam,
@@ -107,7 +108,7 @@ def main(argv=None):
     fig.colorbar(im0, ax=axes[0, :].tolist(), shrink=0.8, label="p(y = 1 | x)")
     fig.colorbar(im1, ax=axes[1, :].tolist(), shrink=0.8, label="entropy (nats)")
     fig.suptitle(f"bSAM App. F.2 reproduction: two moons, seed {seeds[0]}", fontsize=12)
-    fig.savefig(out / "fig6_twomoons.png", dpi=110, bbox_inches="tight")
+    save_png(fig, out / "fig6_twomoons.png", dpi=110)
     plt.close(fig)
     summary = {
         "header": {

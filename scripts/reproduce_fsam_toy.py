@@ -31,6 +31,7 @@ import torch  # noqa: E402
 from matplotlib.patches import Ellipse  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flatbnn.metrics.reliability import save_png  # noqa: E402
 from flatbnn.engine.provenance import git_commit  # noqa: E402
 from flatbnn.toys.fsam_gaussian import (  # noqa: E402
     DTYPE, KL_OFFSET_PAPER, PAPER_COMPONENTS, PAPER_MINIMA, GaussianMixtureLoss, classify, find_minima,
@@ -138,7 +139,7 @@ def comparison_figure(path, loss, loss_grid_, minima, saddle, runs, start_key, p
         ax.legend(fontsize=7, loc="upper right", facecolor="0.85")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=75)
+    save_png(fig, path, dpi=75)
     plt.close(fig)
 
 
@@ -168,7 +169,7 @@ def sweep_figure(path, loss_grid_, minima, saddle, runs, grid_keys):
     fig.suptitle("Basin map: outcome by start point (square = start; blue: reaches flat, magenta: sharp, grey: "
                  "none, x: stuck at the saddle)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=60)
+    save_png(fig, path, dpi=60)
     plt.close(fig)
 
 
@@ -403,7 +404,7 @@ def main(argv=None):
     ax.annotate("saddle", saddle["theta"], xytext=(6, -12), textcoords="offset points", fontsize=8)
     ax.set_title(f"Fisher-SAM toy loss (Eq. 15, c={args.kl_offset:g})", fontsize=10)
     fig.tight_layout()
-    fig.savefig(out / "fig1_loss.png", dpi=90)
+    save_png(fig, out / "fig1_loss.png", dpi=90)
     plt.close(fig)
     comparison_figure(out / "fig2_sam_vs_fsam.png", loss, g, minima, saddle, runs, "fig2_a", ("sam", "fsam"),
                       "Paper Fig. 2 setting (large σ): SAM vs FSAM, all radii; green diamond = start")

@@ -38,6 +38,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flatbnn.metrics.reliability import save_png  # noqa: E402
 from flatbnn.engine.provenance import git_commit  # noqa: E402
 from flatbnn.toys.fsam_gaussian import DTYPE, KL_OFFSET_PAPER, GaussianMixtureLoss, find_minima  # noqa: E402
 from flatbnn.toys.smoothing import (  # noqa: E402
@@ -260,7 +261,7 @@ def main(argv=None):
     axes[0].legend(fontsize=7, loc="upper left")
     fig.suptitle(f"VSAM Fig. 1 on the Fisher-SAM toy, ρ = {rho:g} (red +: local minima of each landscape; "
                  "hatched: +inf / undefined, the ρ-ball or probe reaches σ ≤ 0)", fontsize=10)
-    fig.savefig(out / "fig1.png", dpi=70, bbox_inches="tight")
+    save_png(fig, out / "fig1.png", dpi=70)
     plt.close(fig)
 
     summary["seconds"] = round(time.time() - t0, 1)

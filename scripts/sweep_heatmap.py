@@ -23,6 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flatbnn.metrics.reliability import save_png  # noqa: E402
 from flatbnn.engine.checkpoint import write_json  # noqa: E402
 from flatbnn.reproduce.aggregate import load_runs  # noqa: E402
 
@@ -99,7 +100,7 @@ def plot(xs, ys, mean, x, y, metric, title, out: Path) -> None:
     ax.set_title(title, fontsize=7)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
+    save_png(fig, out, dpi=120)
     plt.close(fig)
 
 

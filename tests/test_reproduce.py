@@ -211,3 +211,16 @@ def test_all_with_jobs_runs_train_then_eval_then_script_rows_each_stage_in_paral
     assert kinds == [{"train"}, {"eval"}, {"script"}]
     assert sorted(n for stage in stages for n in stage) == sorted(spec.list_rows())
     assert rc == 1
+
+
+def test_no_spec_pins_a_data_path_of_one_machine():
+    """Data roots come from the user (``-- dataset.root=PATH``, checked by the preflight with a one-line
+    error); a spec that names an absolute path works on one machine only."""
+    bad = []
+    for name in spec.list_rows():
+        row = spec.load_row(name)
+        for scale in spec.SCALES:
+            for cell in (row.cells_for(scale) if row.kind != "script" and row.scale(scale) else []):
+                bad += [f"{name}/{scale}/{cell.id}: {o}" for o in cell.overrides
+                        if o.split("=", 1)[0].endswith("root") and "=/" in o]
+    assert not bad, bad[:5]

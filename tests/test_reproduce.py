@@ -224,3 +224,23 @@ def test_no_spec_pins_a_data_path_of_one_machine():
                 bad += [f"{name}/{scale}/{cell.id}: {o}" for o in cell.overrides
                         if o.split("=", 1)[0].endswith("root") and "=/" in o]
     assert not bad, bad[:5]
+
+
+def test_smoke_drops_checkpoints_only_of_finished_jobs_of_rows_nothing_reads(tmp_path):
+    """A smoke pass of every row wrote ~16 GB (ImageNet SWAG checkpoints): rows no eval row or analysis script
+    reads lose their finished jobs' checkpoints; an interrupted job keeps its checkpoint to resume."""
+    assert {"flatbnn_t5", "flatbnn_fig1", "flatbnn_fig2", "flatbnn_sharpness"} <= set(spec.rows_reading("flatbnn_t2", "smoke"))
+    assert spec.rows_reading("bsam_t1", "smoke") == ["bsam_t4"] and spec.rows_reading("flatbnn_t4", "smoke") == []
+    cell = spec.Cell(id="m/swag", overrides=[], seeds=[0, 1])
+    for seed, done in ((0, True), (1, False)):
+        d = launch.run_dir(tmp_path, cell.id, seed)
+        (d / "checkpoints").mkdir(parents=True)
+        (d / "checkpoints" / "last.pt").write_bytes(b"x" * 1000)
+        if done:
+            (d / "results.json").write_text("{}")
+    freed = launch.drop_finished_checkpoints(tmp_path, [(cell, 0), (cell, 1)])
+    assert freed == 1000
+    assert not (launch.run_dir(tmp_path, cell.id, 0) / "checkpoints").exists()
+    assert (launch.run_dir(tmp_path, cell.id, 0) / "results.json").exists()
+    assert launch.job_state(tmp_path, cell.id, 0)[0] == "done"
+    assert launch.job_state(tmp_path, cell.id, 1)[0] == "interrupted"

@@ -171,6 +171,17 @@ def list_rows() -> list[str]:
     return sorted(p.stem for p in ROWS_DIR.glob("*.yaml"))
 
 
+def rows_reading(name: str, scale: str) -> list[str]:
+    """The rows that read ``name``'s runs at ``scale``: eval rows (``eval_from.row``) and analysis scripts
+    (``{runs}/<name>/`` in their command)."""
+    readers = []
+    for other in list_rows():
+        row = load_row(other)
+        if (row.eval_from or {}).get("row") == name or f"{{runs}}/{name}/" in str((row.script or {}).get(scale, "")):
+            readers.append(other)
+    return readers
+
+
 def load_paper_data(path: str | Path) -> dict:
     path = Path(path)
     data = yaml.safe_load(path.read_text()) or {}

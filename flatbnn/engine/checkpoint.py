@@ -231,6 +231,11 @@ def write_bytes(path: Path, data: bytes) -> None:
     _atomic_write(path, lambda f: f.write(data))
 
 
+def write_text(path: Path, text: str) -> None:
+    """A text file written atomically (Markdown tables, the status board)."""
+    write_bytes(path, text.encode())
+
+
 def write_json(path: Path, obj) -> None:
     data = json.dumps(obj, indent=2, sort_keys=False, default=str).encode()
     _atomic_write(path, lambda f: f.write(data))

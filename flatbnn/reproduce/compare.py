@@ -18,6 +18,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from flatbnn.engine.checkpoint import write_json, write_text
 from flatbnn.reproduce.launch import OUTPUT_ROOT, job_state, run_dir
 from flatbnn.reproduce.spec import REPO, Row
 
@@ -358,6 +359,6 @@ def write_comparison(row: Row, scale: str, out: Path | None = None, dest: Path |
         for p in pngs:
             shutil.copyfile(p, dest / f"{scale}_{p.name}")
         c["figures"] = [str(dest / f"{scale}_{p.name}") for p in pngs]
-        (dest / f"{scale}.md").write_text(to_markdown(c))
-    (dest / f"{scale}.json").write_text(json.dumps(c, indent=1, default=str))
+        write_text(dest / f"{scale}.md", to_markdown(c))
+    write_json(dest / f"{scale}.json", c)
     return dest / (f"{scale}.md" if scale != "smoke" else f"{scale}.json")

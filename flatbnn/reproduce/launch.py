@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from flatbnn.engine.checkpoint import write_json
 from flatbnn.reproduce.spec import REPO, Cell, Row, SpecError, rows_reading
 
 CONFIGS = REPO / "configs"
@@ -212,7 +213,7 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
                "jobs": {k: {"state": st, "detail": d} for k, (st, d) in states.items()},
                "blocked": blocked}
     if not dry_run:
-        (out / "launch.json").write_text(json.dumps(summary, indent=2))
+        write_json(out / "launch.json", summary)
     return summary
 
 
@@ -288,5 +289,5 @@ def launch_eval(row: Row, scale: str, *, out: Path | None = None, extra: list[st
                "jobs": jobs, "blocked": blocked}
     if not dry_run:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "launch.json").write_text(json.dumps(summary, indent=2))
+        write_json(out / "launch.json", summary)
     return summary

@@ -8,7 +8,6 @@ spec's ``results:`` note says: ``make reproduce-<toy>`` writes them into ``resul
 
 from __future__ import annotations
 
-import json
 import shlex
 import subprocess
 import sys
@@ -32,8 +31,8 @@ def run_script_row(row: Row, scale: str, dry_run: bool = False) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     rc = subprocess.call(cmd, shell=True, cwd=REPO)
+    from flatbnn.engine.checkpoint import write_json
     from flatbnn.engine.provenance import git_commit
-    (out / "launch.json").write_text(json.dumps({"row": row.row, "scale": scale, "command": cmd, "returncode": rc,
-                                                 "seconds": round(time.perf_counter() - t0, 1),
-                                                 "git": git_commit(untracked=True)}, indent=2))
+    write_json(out / "launch.json", {"row": row.row, "scale": scale, "command": cmd, "returncode": rc,
+                                     "seconds": round(time.perf_counter() - t0, 1), "git": git_commit(untracked=True)})
     return rc

@@ -10,6 +10,7 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
+from flatbnn.engine.checkpoint import write_text
 from flatbnn.reproduce.compare import RESULTS_ROOT
 from flatbnn.reproduce.spec import PAPER_DIR, REPO, SCALES, SpecError, list_rows, load_paper_data, load_row
 
@@ -105,5 +106,5 @@ def render() -> str:
 
 def write_status(path: Path = STATUS_PATH) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render())
+    write_text(path, render())
     return path

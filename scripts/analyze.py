@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flatbnn.engine.checkpoint import write_json  # noqa: E402
+from flatbnn.engine.checkpoint import write_json, write_text  # noqa: E402
 
 
 # --------------------------------------------------------------------------------------------
@@ -422,9 +422,7 @@ def cmd_overhead(args) -> dict:
     o.parent.mkdir(parents=True, exist_ok=True)
     write_json(_json_path(o), out)
     md = o.with_suffix(".md")
-    tmp = md.with_name(md.name + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(md)  # atomic
+    write_text(md, "\n".join(lines) + "\n")
     if o.suffix == ".png":
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flatbnn.cli import EXIT_CONFIG  # noqa: E402
 from flatbnn.engine.backprop import Backprop  # noqa: E402
-from flatbnn.engine.checkpoint import write_json  # noqa: E402
+from flatbnn.engine.checkpoint import write_json, write_text  # noqa: E402
 from flatbnn.engine.provenance import git_commit, hardware  # noqa: E402
 from flatbnn.flatness import ASAM, SAM, FisherSAM, Geometry, NoFlatness, RandomSAM  # noqa: E402
 from flatbnn.methods.bsam import BSAM  # noqa: E402
@@ -450,9 +450,7 @@ def main(argv=None) -> dict:
     md = markdown(result)
     md_path = json_path.with_suffix(".md")
     md_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = md_path.with_name(f".{md_path.name}.tmp")
-    tmp.write_text(md)
-    tmp.replace(md_path)  # atomic, as the JSON
+    write_text(md_path, md)  # atomic, as the JSON
     print(md)
     print(f"wrote {json_path} and {md_path}")
     return result

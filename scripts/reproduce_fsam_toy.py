@@ -32,6 +32,7 @@ from matplotlib.patches import Ellipse  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flatbnn.metrics.reliability import save_png  # noqa: E402
+from flatbnn.engine.checkpoint import write_text  # noqa: E402
 from flatbnn.engine.provenance import git_commit  # noqa: E402
 from flatbnn.toys.fsam_gaussian import (  # noqa: E402
     DTYPE, KL_OFFSET_PAPER, PAPER_COMPONENTS, PAPER_MINIMA, GaussianMixtureLoss, classify, find_minima,
@@ -239,9 +240,7 @@ def write_verdict(out: Path, summary: dict) -> None:
               f"| {v['label']}{'' if k == 'sgd@0' else ', ρ=' + format(v['radius'], 'g')} | {v['flat']} | {v['sharp']} | "
               f"{v['saddle']} | {v['flat_side_elsewhere']} | {v['sharp_side_elsewhere']} | "
               f"{cbc.get(k, {}).get('flat_where_sgd_and_every_sam_radius_not', '–')} |\n" for k, v in basins.items()))
-    tmp = out / "verdict.md.tmp"
-    tmp.write_text(md)
-    tmp.replace(out / "verdict.md")
+    write_text(out / "verdict.md", md)
 
 
 def main(argv=None):
@@ -261,9 +260,7 @@ def main(argv=None):
         summary = json.loads((out / "summary.json").read_text())
         grid = sorted(c["start_name"] for c in summary["claim_by_start"] if c["start_name"].startswith("grid_"))
         summary["basins"], summary["claim_by_config"], summary["verdict"] = basin_verdict(summary["runs"], grid)
-        tmp = out / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, separators=(",", ":"), default=float))
-        tmp.replace(out / "summary.json")
+        write_text(out / "summary.json", json.dumps(summary, separators=(",", ":"), default=float))
         write_verdict(out, summary)
         return
     out.mkdir(parents=True, exist_ok=True)
@@ -413,9 +410,7 @@ def main(argv=None):
     sweep_figure(out / "sweep.png", g, minima, saddle, runs, grid_keys)
 
     summary["seconds"] = round(time.time() - t0, 1)
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, separators=(",", ":"), default=float))
-    tmp.replace(out / "summary.json")  # atomic
+    write_text(out / "summary.json", json.dumps(summary, separators=(",", ":"), default=float))  # atomic
 
     # ---------------------------------------------------------------- table
     print(summary["header"]["budget"], "| commit", summary["header"]["git_commit"][:10])

@@ -7,7 +7,9 @@ with its ECE under the same binning convention as results.json's ``ece``.
 
 from __future__ import annotations
 
+import io
 import os
+from pathlib import Path
 from typing import Optional, Sequence
 
 from torch import Tensor
@@ -87,13 +89,12 @@ def reliability_diagram(
 def save_png(fig, path: str | os.PathLike, dpi: float | None = None) -> str:
     """Write ``fig`` as a PNG at ``path`` (parent folders created, atomically: a reader never sees half a
     PNG); ``dpi`` None = matplotlib's default. Returns the path as a string."""
+    from flatbnn.engine.checkpoint import write_bytes  # the one atomic writer (unique temp, removed on failure)
+
     path = os.fspath(path)
-    parent = os.path.dirname(path)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(path)}.tmp")
-    fig.savefig(tmp, dpi=dpi, format="png", bbox_inches="tight")
-    os.replace(tmp, path)
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=dpi, format="png", bbox_inches="tight")
+    write_bytes(Path(path), buf.getvalue())
     return path
 
 

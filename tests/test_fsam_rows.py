@@ -175,3 +175,4 @@ def test_overhead_comparison_reads_the_analysis_json(tmp_path):
     assert got == {"sam": (pytest.approx(0.3), 0.2322, "done"), "fsam": (pytest.approx(0.33), 0.2334, "done")}
     md = to_markdown(c)
     assert "| FSAM/SAM | 1.100" in md and "## The analysis (`overhead.md`)" in md
+    assert "analyses other rows' finished runs" not in md  # a benchmark, not an analysis of other rows' runs

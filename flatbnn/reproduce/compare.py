@@ -173,6 +173,7 @@ def build(row: Row, scale: str, out: Path | None = None) -> dict:
             "paper_conventions": pd.get("conventions"), "paper_notes": pd.get("notes") or [],
             "figure": pd.get("figure"), "available": pd.get("available", True),
             "choices": row.choices or {},
+            "reads_runs": "{runs}" in str((row.script or {}).get(scale, "")),  # a script over other rows' runs
             "included": {n: (Path(ours["out"]) / n).read_text() for n in (row.compare or {}).get("include") or []
                          if (Path(ours["out"]) / n).exists()},
             "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
@@ -275,7 +276,8 @@ def to_markdown(c: dict) -> str:
         git = sc.get("git") or {}
         lines.append(f"- script: `{sc.get('command')}` (exit {sc.get('returncode')}, {sc.get('seconds')} s) @ "
                      f"{str(git.get('commit', '?'))[:8]}{'+dirty' if git.get('dirty') else ''}")
-        lines.append("- it analyses other rows' finished runs at this scale: their budgets are in their comparisons")
+        if c.get("reads_runs"):
+            lines.append("- it analyses other rows' finished runs at this scale: their budgets are in their comparisons")
     else:
         lines.append("- no finished runs yet")
     if b.get("note"):
@@ -283,7 +285,7 @@ def to_markdown(c: dict) -> str:
     conv = (b.get("metric_conventions") or {}) if b.get("runs") else {}
     if conv or c.get("paper_conventions"):
         ours = (f"ECE {conv.get('ece_bins')} bins, {conv.get('ece_binning')}, edges {conv.get('ece_edges')}"
-                if conv else "see the analysed runs")
+                if conv else ("see the analysed runs" if c.get("reads_runs") else "see the analysis below"))
         lines += [f"- metric conventions, ours: {ours}; paper: {c.get('paper_conventions') or 'not stated'}"]
     if c["choices"]:
         lines += ["", "## Our choices where the paper is silent", ""]

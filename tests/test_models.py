@@ -279,6 +279,27 @@ def test_conv_nets_take_any_channels_and_size(name, kw, shape):
     assert model(torch.randn(3, *shape)).shape == (3, 4)
 
 
+def test_vgg_hwa_bn_momentum():
+    """Keras' 0.99 decay by default; model.bn_momentum reaches every BN layer (cpu-scale runs use 0.1)."""
+    bns = lambda m: [b for b in m.modules() if isinstance(b, nn.BatchNorm2d)]
+    default = create_model("vgg_hwa", 10, CIFAR)
+    assert len(bns(default)) == 10 and {(b.momentum, b.eps) for b in bns(default)} == {(0.01, 1e-3)}
+    fast = create_model("vgg_hwa", 10, CIFAR, bn_momentum=0.1)
+    assert {b.momentum for b in bns(fast)} == {0.1}
+    # 16 train-mode batches: the running mean keeps 1 - (1 - m)^16 of the batches' mean
+    x = torch.randn(8, *CIFAR) + 3.0
+    for model, m in ((default, 0.01), (fast, 0.1)):
+        model.train()
+        with torch.no_grad():
+            for _ in range(16):
+                model(x)
+        first = bns(model)[0]
+        batch_mean = model.features[0](x).mean((0, 2, 3))
+        torch.testing.assert_close(first.running_mean, (1 - (1 - m) ** 16) * batch_mean, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="bn_momentum"):
+        create_model("vgg_hwa", 10, CIFAR, bn_momentum=0.0)
+
+
 def test_lenet5_variants():
     counts = {v: meta_count("lenet5", 10, (1, 28, 28), variant=v) for v in ("classic", "tfp", "bsam")}
     # classic: C5 on 5x5 maps (conv1 padded by 2); tfp: 'SAME' convs, fc on 7*7*120; bsam: 3x3/2 pools

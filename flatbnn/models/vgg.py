@@ -25,7 +25,10 @@ uses the same 55,000-image MNIST split). The smallest faithful reading is theref
 ``bayesian_vgg``: five blocks of two 3x3 convs (64-128-256-512-512 filters, biased, each followed by
 BN and ReLU), a 2x2 max-pool after each block, flatten, one dense layer to the classes. Built here as
 a deterministic network (point-estimate weights; the variational method turns every conv/linear
-weight into (mu, sigma)); BN uses Keras' eps 1e-3 and momentum 0.99 (PyTorch momentum 0.01).
+weight into (mu, sigma)); BN uses Keras' eps 1e-3 and momentum 0.99 (PyTorch momentum 0.01:
+``bn_momentum``). That momentum needs a few hundred steps to forget BN's initial (0, 1) statistics
+(0.99^160 = 0.2 of them remain after 160 steps), so a short run evaluated in eval mode predicts one class;
+short budgets set ``model.bn_momentum=0.1`` (PyTorch's default).
 9,416,010 parameters for 10 classes. ``dropout > 0`` puts one ``nn.Dropout`` before the dense layer.
 """
 
@@ -133,8 +136,12 @@ class VGGHWA(nn.Module):
         in_channels: int = 3,
         spatial: tuple[int, int] = (32, 32),
         dropout: float = 0.0,
+        bn_momentum: float = 0.01,
     ):
         super().__init__()
+        if not 0.0 < bn_momentum <= 1.0:
+            raise ValueError(f"vgg_hwa: bn_momentum must be in (0, 1] (PyTorch convention: the new batch's weight), "
+                             f"got {bn_momentum}")
         layers: list[nn.Module] = []
         ch = in_channels
         h, w = spatial
@@ -142,7 +149,7 @@ class VGGHWA(nn.Module):
             for _ in range(2):
                 layers += [
                     nn.Conv2d(ch, f, 3, padding=1),
-                    nn.BatchNorm2d(f, eps=1e-3, momentum=0.01),
+                    nn.BatchNorm2d(f, eps=1e-3, momentum=bn_momentum),
                     nn.ReLU(inplace=True),
                 ]
                 ch = f
@@ -160,11 +167,13 @@ class VGGHWA(nn.Module):
 
 @register_model("vgg_hwa")
 def vgg_hwa(
-    num_classes: int, input_shape: Sequence[int] | None = None, dropout: float = 0.0
+    num_classes: int, input_shape: Sequence[int] | None = None, dropout: float = 0.0,
+    bn_momentum: float = 0.01,
 ) -> VGGHWA:
     return VGGHWA(
         num_classes,
         in_channels=in_channels_of(input_shape),
         spatial=spatial_of(input_shape, (32, 32)),
         dropout=float(dropout),
+        bn_momentum=float(bn_momentum),
     )

@@ -244,3 +244,92 @@ def test_smoke_drops_checkpoints_only_of_finished_jobs_of_rows_nothing_reads(tmp
     assert (launch.run_dir(tmp_path, cell.id, 0) / "results.json").exists()
     assert launch.job_state(tmp_path, cell.id, 0)[0] == "done"
     assert launch.job_state(tmp_path, cell.id, 1)[0] == "interrupted"
+
+
+def _finished_like(out_root: Path, row: spec.Row, cell_id: str, seed: int, extra=()) -> Path:
+    """A finished run of ``row``'s cell as train.py leaves it: config_resolved.yaml (the composed cell config,
+    resolved) + results.json -- without training it."""
+    cell = next(c for c in row.cells_for("cpu") if c.id == cell_id)
+    cfg = launch.compose_cell(list(cell.overrides) + list(extra) + [f"seed={seed}"])
+    d = launch.run_dir(out_root / row.row / "cpu", cell_id, seed)
+    d.mkdir(parents=True)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved["reproduce"] = {"row": row.row, "cell": cell_id, "scale": "cpu"}
+    (d / "config_resolved.yaml").write_text(yaml.safe_dump(resolved))
+    (d / "results.json").write_text(json.dumps({"metrics": {"accuracy": 0.5 + seed / 10}, "meta": {"seed": seed}}))
+    return d
+
+
+def test_a_job_another_row_already_ran_is_linked_not_retrained(tmp_path, monkeypatch):
+    rows_dir, out_root = tmp_path / "rows", tmp_path / "out"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    monkeypatch.setattr(launch, "OUTPUT_ROOT", out_root)
+    base = ["dataset=digits", "model=mlp", "trainer.epochs=2", "trainer.progress=false"]
+    for name, cells in [("src", {"sgd": ["flatness=none"], "sam": ["flatness=sam"]}),
+                        ("dst", {"plain": ["flatness=none"], "sam": ["flatness=sam", "flatness.rho=0.1"],
+                                 "sam05": ["flatness=sam", "flatness.rho=0.05"]})]:
+        (rows_dir / f"{name}.yaml").write_text(yaml.safe_dump(
+            {"row": name, "paper": "none", "title": name, "kind": "train", "axes": ["method"], "base": base,
+             "values": {"method": cells}, "seeds": [0, 1], "scales": {"cpu": {"overrides": []},
+                                                                     "smoke": {"overrides": []}}}))
+    src, dst = spec.load_row("src"), spec.load_row("dst")
+    _finished_like(out_root, src, "sgd", 0)
+    _finished_like(out_root, src, "sam", 0)                 # configs/flatness/sam.yaml's rho is 0.05
+    _finished_like(out_root, src, "sam", 1, extra=["optimizer.lr=0.2"])  # seed 1 ran with another lr
+    out = out_root / "dst" / "cpu"
+    todo = [(c, s) for c in dst.cells_for("cpu") for s in c.seeds]
+    found = launch.reusable_runs(todo, "cpu", out, ["dataset.root=/elsewhere"])  # data paths do not split
+    # same config and seed only: not sgd/seed1 (never ran), not sam rho 0.1, not sam05/seed1 (other lr)
+    assert set(found) == {("plain", 0), ("sam05", 0)}
+    assert found[("sam05", 0)] == out_root / "src" / "cpu" / "sam" / "seed0"
+    assert launch.reusable_runs(todo, "smoke", out, []) == {}   # smoke runs every cell itself
+    s = launch.launch(dst, "cpu", out=out, dry_run=True)
+    assert "plain__s0" not in " ".join(s["command"]) and "plain__s1" in " ".join(s["command"])
+    for (cid, seed), source in found.items():
+        launch.link_reused(out, cid, seed, source)
+    state, detail = launch.job_state(out, "sam05", 0)
+    assert state == "done" and detail.startswith("reused: ") and detail.endswith("src/cpu/sam/seed0")
+    assert json.loads((out / "sam05" / "seed0" / "results.json").read_text())["metrics"]["accuracy"] == 0.5
+    # a run dir that exists (a partial run of our own) is never replaced by a link
+    (out / "sam05" / "seed1").mkdir(parents=True)
+    _finished_like(out_root, src, "sam", 2)
+    assert ("sam05", 1) not in launch.reusable_runs([(c, 1) for c in dst.cells_for("cpu")], "cpu", out, [])
+
+
+def test_bsam_rows_share_their_common_cells_with_table_1():
+    """The cells the reuse saves (bSAM T3's bsam = T1's bsam; T5's M = 8 cells = T1's bsam and sam_sgd; VSAM T4's
+    sgd / sam / vsam / rsam = T3's): a spec edit that makes them differ silently doubles their cost -- this fails."""
+    def key(row, cell, scale="cpu"):
+        c = next(c for c in spec.load_row(row).cells_for(scale) if c.id == cell)
+        return launch.training_key(launch.compose_cell(list(c.overrides)), 0)
+
+    t1 = "cifar10/resnet20_frn/"
+    assert key("bsam_t3", t1 + "bsam") == key("bsam_t1", t1 + "bsam")
+    assert key("bsam_t3", t1 + "bsam_no_noise") != key("bsam_t1", t1 + "bsam")
+    assert key("bsam_t5", t1 + "bsam/m8") == key("bsam_t1", t1 + "bsam")
+    assert key("bsam_t5", t1 + "sam_sgd/m8") == key("bsam_t1", t1 + "sam_sgd")
+    for m in ("sgd", "sam", "vsam", "rsam"):
+        assert key("vsam_t4", f"cifar10/wrn28x2/{m}") == key("vsam_t3", f"cifar10/wrn28x2/{m}"), m
+
+
+def test_a_table_whose_paper_numbers_are_lost_lists_our_cells_and_ranks_its_pairs(tmp_path):
+    row = spec.load_row("bsam_t1")   # results/paper/bsam_t1.yaml: available false, no cells
+    out = tmp_path / "out"
+    for s in range(3):
+        _fake_run(out, "cifar10/resnet20_frn/bsam", s, 0.60 + s / 100, 1.1, ece=0.02)
+        _fake_run(out, "cifar10/resnet20_frn/sam_sgd", s, 0.58, 1.2, ece=0.01)
+    c = compare.build(row, "cpu", out)
+    assert c["ours_only"]
+    rec = {(r["cell"], r["metric"]): r for r in c["table"]}
+    acc = rec[("cifar10/resnet20_frn/bsam", "accuracy")]
+    assert acc["ours_mean"] == pytest.approx(61.0) and acc["ours_n"] == 3 and acc["paper_mean"] is None
+    assert rec[("cifar10/resnet20_frn/sgd", "accuracy")]["state"] == "pending"
+    d = {(x["cell"], x["metric"]): x for x in c["direction"]}
+    assert d[("cifar10/resnet20_frn/bsam", "accuracy")]["ours_better"] == "yes"
+    assert d[("cifar10/resnet20_frn/bsam", "nll")]["ours_better"] == "yes"     # lower is better
+    assert d[("cifar10/resnet20_frn/bsam", "ece")]["ours_better"] == "no"
+    assert all(x["agree"] is None for x in c["direction"])    # nothing to agree with: never counted as agreement
+    md = compare.to_markdown(c)
+    assert "## Our cells" in md and "| `cifar10/resnet20_frn/bsam` | 61.00 ± 1.00 (n=3) | 1.1000 ± 0.0000 (n=3)" in md
+    assert "agrees with the paper" not in md

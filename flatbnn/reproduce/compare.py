@@ -28,6 +28,10 @@ METRIC_PATHS = {"accuracy": "accuracy", "acc": "accuracy", "top1": "accuracy", "
                 "brier": "brier", "auroc": "auroc_misclassification", "top5": "top5_accuracy",
                 "error": "accuracy"}
 NOT_AT_SCALE = "not run at this scale"
+# the metrics of the "our cells" table of a row whose paper file names none
+DEFAULT_METRICS = {"accuracy": {"unit": "percent", "better": "higher"}, "nll": {"unit": "nats", "better": "lower"},
+                   "ece": {"unit": "fraction", "better": "lower"},
+                   "auroc": {"unit": "fraction", "better": "higher", "results_key": "auroc_misclassification"}}
 SCALE_BANNER = {
     "smoke": "SMOKE run: a few steps on fake data; checks that the row's configs run, nothing about its numbers.",
     "cpu": "CPU-budget run (reduced data, network and epochs; see Budget): NOT a paper reproduction. Absolute "
@@ -157,6 +161,9 @@ def build(row: Row, scale: str, out: Path | None = None) -> dict:
                 if scale == "paper":
                     rec["verdict"] = _verdict(rec)
             table.append(rec)
+    ours_only = not (pd.get("cells") or [])
+    if ours_only and row.kind != "script":  # the paper's numbers are lost: our cells ranked against each other
+        table = _ours_table(ours, metrics or DEFAULT_METRICS)
     direction = _directions(row, table) if scale != "smoke" else []
     runs = [r for c in ours["cells"].values() for r in c["runs"] if r.get("meta")]  # not a script's pseudo-runs
     script = None
@@ -164,11 +171,13 @@ def build(row: Row, scale: str, out: Path | None = None) -> dict:
     if row.kind == "script" and launch_file.exists():
         script = json.loads(launch_file.read_text())
     return {"script": script, "row": row.row, "paper": row.paper, "title": row.title, "scale": scale, "out": ours["out"],
-            "table": table, "direction": direction, "budget": _budget(row, scale, runs),
+            "table": table, "ours_only": ours_only and row.kind != "script", "direction": direction, "budget": _budget(row, scale, runs),
             "jobs": {cid: {str(s): st for s, (st, _) in c["states"].items()} for cid, c in ours["cells"].items()},
             "failed": {f"{cid}/seed{s}": d for cid, c in ours["cells"].items() for s, (st, d) in c["states"].items()
                        if st == "failed"},
             "blocked": {cid: c["blocked"] for cid, c in ours["cells"].items() if c["blocked"]},
+            "reused": {f"{cid}/seed{s}": d.split(": ", 1)[1] for cid, c in ours["cells"].items()
+                       for s, (st, d) in c["states"].items() if st == "done" and d.startswith("reused: ")},
             "provenance": pd.get("provenance"), "paper_source": pd.get("source"),
             "paper_conventions": pd.get("conventions"), "paper_notes": pd.get("notes") or [],
             "figure": pd.get("figure"), "available": pd.get("available", True),
@@ -177,6 +186,28 @@ def build(row: Row, scale: str, out: Path | None = None) -> dict:
             "included": {n: (Path(ours["out"]) / n).read_text() for n in (row.compare or {}).get("include") or []
                          if (Path(ours["out"]) / n).exists()},
             "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def _ours_table(ours: dict, metrics: dict) -> list[dict]:
+    """Every cell of ours x every metric of the paper's table, with no paper value: for tables whose numbers are
+    lost (bSAM T1/T3-T6), where our cells can only be ranked against each other."""
+    table = []
+    for cid, entry in ours["cells"].items():
+        for metric, spec in metrics.items():
+            path = spec.get("results_key") or METRIC_PATHS.get(metric, metric)
+            values = [_to_paper_unit(v, metric, spec.get("unit")) if _finite(v := _get(r["metrics"], path)) else v
+                      for r in entry["runs"]]
+            st = _stats(values)
+            if entry["blocked"]:
+                state = f"blocked: {entry['blocked']}"
+            elif st["n"] == 0:
+                state = "/".join(sorted({s for s, _ in entry["states"].values()}))
+            else:
+                state = "done" if st["n"] == len(entry["states"]) else f"{st['n']}/{len(entry['states'])} seeds"
+            table.append({"cell": cid, "our_cell": cid, "metric": metric, "unit": spec.get("unit"),
+                          "better": spec.get("better"), "paper_mean": None, "paper_std": None,
+                          **{f"ours_{k}": v for k, v in st.items()}, "flags": [], "state": state})
+    return table
 
 
 def _verdict(rec: dict) -> str:
@@ -280,6 +311,10 @@ def to_markdown(c: dict) -> str:
             lines.append("- it analyses other rows' finished runs at this scale: their budgets are in their comparisons")
     else:
         lines.append("- no finished runs yet")
+    if c.get("reused"):
+        src = sorted({next((p for p in Path(v).parts if p != ".."), v) for v in c["reused"].values()})
+        lines.append(f"- {len(c['reused'])} of these runs are other rows' runs with the same seed and training config "
+                     f"(linked, not retrained; from {', '.join(src)}): " + ", ".join(f"`{k}`" for k in c["reused"]))
     if b.get("note"):
         lines.append(f"- stated budget: {b['note']}")
     conv = (b.get("metric_conventions") or {}) if b.get("runs") else {}
@@ -290,7 +325,9 @@ def to_markdown(c: dict) -> str:
     if c["choices"]:
         lines += ["", "## Our choices where the paper is silent", ""]
         lines += [f"- `{k}`: {v}" for k, v in c["choices"].items()]
-    if c["table"]:
+    if c["table"] and c.get("ours_only"):
+        lines += _ours_only_markdown(c)
+    elif c["table"]:
         head = "| cell | metric | paper | ours (mean ± std over seeds, ddof 1) | Δ | state |"
         if c["scale"] == "paper":
             head = head[:-1] + " verdict (±2σ) |"
@@ -309,7 +346,7 @@ def to_markdown(c: dict) -> str:
             lines += ["", f"{len(skipped)} paper cells are not part of this scale: " + ", ".join(f"`{x}`" for x in skipped)]
         if any(r["flags"] for r in c["table"]):
             lines += ["", "⚑ = the paper's cell is flagged in `results/paper/" + c["row"] + ".yaml` (ambiguous text)."]
-    if c["direction"]:
+    if c["direction"] and not c.get("ours_only"):
         agree = [d for d in c["direction"] if d["agree"] is not None]
         n_ok = sum(d["agree"] for d in agree)
         lines += ["", "## Direction: is the first method better than its base?", "",
@@ -342,6 +379,31 @@ def to_markdown(c: dict) -> str:
         lines += ["", "<details><summary>Notes on the paper's table</summary>", ""]
         lines += [f"- {n}" for n in c["paper_notes"]] + ["", "</details>"]
     return "\n".join(lines) + "\n"
+
+
+def _ours_only_markdown(c: dict) -> list[str]:
+    """A table whose paper numbers are lost: our cells x metrics, and the spec's pairs ranked within our runs."""
+    metrics = list(dict.fromkeys(r["metric"] for r in c["table"]))
+    units = {r["metric"]: r["unit"] for r in c["table"]}
+    by = {(r["cell"], r["metric"]): r for r in c["table"]}
+    cells = list(dict.fromkeys(r["cell"] for r in c["table"]))
+    lines = ["", "## Our cells", "",
+             "The paper's numbers for this table are lost (see the paper file): there is no paper column, and our "
+             "cells can only be ranked against each other. Mean ± std over seeds (ddof 1), n = seeds.", "",
+             "| cell | " + " | ".join(m + (f" ({units[m]})" if units[m] else "") for m in metrics) + " | state |",
+             "|---|" + "---|" * (len(metrics) + 1)]
+    for cell in cells:
+        rs = [by[(cell, m)] for m in metrics]
+        lines.append(f"| `{cell}` | " + " | ".join(_fmt(r["ours_mean"], r["ours_std"], r["ours_n"] or None, r["unit"])
+                                                  for r in rs) + f" | {rs[0]['state']} |")
+    if c["direction"]:
+        lines += ["", "## Pairs within our runs (no paper numbers to agree with)", "",
+                  "| method | vs | metric | ours better? | ours |", "|---|---|---|---|---|"]
+        for d in c["direction"]:
+            lines.append(f"| `{d['cell']}` | `{d['vs']}` | {d['metric']} | {d['ours_better'] or '–'} | "
+                         f"{_fmt(d['ours'][0], unit=units[d['metric']])} vs "
+                         f"{_fmt(d['ours'][1], unit=units[d['metric']])} |")
+    return lines
 
 
 def write_comparison(row: Row, scale: str, out: Path | None = None, dest: Path | None = None) -> Path:

@@ -144,15 +144,79 @@ def write_cells(row: Row, cells: list[Cell], scale: str, out: Path, extra: list[
 
 
 def job_state(out: Path, cell_id: str, seed: int) -> tuple[str, str]:
-    """(state, detail) of one (cell, seed): done | failed | running-or-interrupted | pending."""
+    """(state, detail) of one (cell, seed): done | failed | running-or-interrupted | pending. A done job that
+    is a link to another row's run (see ``reusable_runs``) says so in its detail."""
     d = run_dir(out, cell_id, seed)
     if (d / "results.json").exists():
-        return "done", ""
+        return "done", (f"reused: {os.readlink(d)}" if d.is_symlink() else "")
     if (d / "failed.txt").exists():
         return "failed", (d / "failed.txt").read_text().strip().splitlines()[-1][:300]
     if (d / "checkpoints" / "last.pt").exists():
         return "interrupted", "has a checkpoint; rerun to resume"
     return "pending", ""
+
+
+def _finished_runs_elsewhere(out: Path, scale: str) -> dict[tuple, Path]:
+    """{(seed, training-config key): run dir} of every finished, non-linked run of the OTHER training rows at
+    ``scale`` (an eval row's dirs hold re-evaluations, not training runs)."""
+    from flatbnn.reproduce.aggregate import _canon, config_key
+    from flatbnn.reproduce.spec import list_rows, load_row
+
+    train_rows = {name for name in list_rows() if load_row(name).kind == "train"}
+    index = {}
+    for d in sorted(OUTPUT_ROOT.glob(f"*/{scale}")):
+        if d.resolve() == Path(out).resolve() or d.parent.name not in train_rows:
+            continue
+        for cfg_file in sorted(d.rglob("config_resolved.yaml")):
+            run = cfg_file.parent
+            if run.is_symlink() or not (run / "results.json").exists():
+                continue
+            cfg = yaml.safe_load(cfg_file.read_text()) or {}
+            index.setdefault((_canon(cfg.get("seed")), _canon(config_key(cfg))), run)
+    return index
+
+
+def reusable_runs(todo: list[tuple[Cell, int]], scale: str, out: Path,
+                  extra: list[str]) -> dict[tuple[str, int], Path]:
+    """The jobs of ``todo`` that another row already ran at this scale: same seed and the same composed training
+    config (aggregate.config_key: every key except run location, display, data paths and the reproduce labels).
+    E.g. bSAM T3's bsam cell and T5's M = 8 cells are T1's; VSAM T4's sgd/sam/vsam/rsam are T3's. Such a job is
+    linked, not retrained (~GPU-days at paper scale). Never at smoke scale (its point is to run every cell's config),
+    and never over a run dir that exists (a partial run resumes instead)."""
+    todo = [(c, s) for c, s in todo if not run_dir(out, c.id, s).exists() and not run_dir(out, c.id, s).is_symlink()]
+    if scale == "smoke" or not todo:
+        return {}
+    index = _finished_runs_elsewhere(out, scale)
+    if not index:
+        return {}
+    found = {}
+    composed = {}
+    for cell, seed in todo:
+        if cell.id not in composed:
+            composed[cell.id] = compose_cell(list(cell.overrides) + list(extra))
+        key = training_key(composed[cell.id], seed)
+        if key in index:
+            found[(cell.id, seed)] = index[key]
+    return found
+
+
+def training_key(cfg, seed: int) -> tuple[str, str]:
+    """(seed, config key) of a composed cell config: equal keys = the same training run."""
+    from omegaconf import OmegaConf
+
+    from flatbnn.reproduce.aggregate import _canon, config_key
+
+    cfg = cfg.copy()
+    OmegaConf.update(cfg, "seed", seed, force_add=True)
+    return _canon(seed), _canon(config_key(OmegaConf.to_container(cfg, resolve=True)))
+
+
+def link_reused(out: Path, cell_id: str, seed: int, source: Path) -> Path:
+    """``<out>/<cell>/seed<k>`` -> a relative link to ``source`` (the other row's finished run)."""
+    dest = run_dir(out, cell_id, seed)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(os.path.relpath(source.resolve(), dest.parent.resolve()), dest, target_is_directory=True)
+    return dest
 
 
 def multirun_command(search: Path, names: list[str], out: Path, extra: list[str],
@@ -194,11 +258,19 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
     # seed-major order: a row cut short still has every cell at its first seeds (the direction checks need pairs)
     jobs.sort(key=lambda cs: (cs[0].seeds.index(cs[1]), [c.id for c in runnable].index(cs[0].id)))
     todo = [(c, s) for c, s in jobs if force or job_state(out, c.id, s)[0] != "done"]
+    reuse = {} if force else reusable_runs(todo, scale, out, list(extra))
+    for (cid, seed), src in reuse.items():
+        print(f"  {cid}/seed{seed}: reusing {src} (same seed and training config)", file=sys.stderr)
+        if not dry_run:
+            link_reused(out, cid, seed, src)
+    todo = [(c, s) for c, s in todo if (c.id, s) not in reuse]
     for c, s in todo:  # a failure marker from an earlier attempt must not outlive a new one
+        if force and run_dir(out, c.id, s).is_symlink():  # a reused run: rerun into our own dir, not the source's
+            run_dir(out, c.id, s).unlink()
         (run_dir(out, c.id, s) / "failed.txt").unlink(missing_ok=True)
     cmd = multirun_command(search, [cell_config_name(c.id, s) for c, s in todo], out, list(extra), launcher)
-    print(f"reproduce {row.row} ({scale}): {len(jobs)} jobs, {len(jobs) - len(todo)} already done, "
-          f"{len(todo)} to run, {len(blocked)} cells blocked", file=sys.stderr)
+    print(f"reproduce {row.row} ({scale}): {len(jobs)} jobs, {len(jobs) - len(todo) - len(reuse)} already done, "
+          f"{len(reuse)} reused from other rows, {len(todo)} to run, {len(blocked)} cells blocked", file=sys.stderr)
     rc = 0
     if todo:
         print("  " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr)

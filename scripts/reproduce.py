@@ -44,10 +44,10 @@ def _run_row(name: str, args, extra: list[str]) -> int:
             preflight.check_data(row, args.scale, extra)
         if row.kind == "eval":
             summary = launch.launch_eval(row, args.scale, out=args.out, extra=extra, force=args.force,
-                                         dry_run=args.dry_run, cells_glob=args.cells)
+                                         dry_run=args.dry_run, cells_glob=args.cells, seeds=args.seeds)
         else:
             summary = launch.launch(row, args.scale, out=args.out, extra=extra, launcher=args.launcher,
-                                    force=args.force, dry_run=args.dry_run, cells_glob=args.cells)
+                                    force=args.force, dry_run=args.dry_run, cells_glob=args.cells, seeds=args.seeds)
         failed = [f"{k}: {v['detail']}" for k, v in summary["jobs"].items() if v["state"] == "failed"]
         for line in failed:
             print(f"  FAILED {line}", file=sys.stderr)
@@ -96,6 +96,8 @@ def main(argv=None) -> int:
         p.add_argument("--out", type=Path, default=None, help="sweep dir (default outputs/reproduce/<row>/<scale>)")
         p.add_argument("--launcher", default=None, help="configs/hydra/launcher/: slurm, local, cpu_parallel")
         p.add_argument("--cells", default=None, help="only the cells whose id matches this glob")
+        p.add_argument("--seeds", default=None, type=lambda v: [int(x) for x in v.split(",")],
+                       help="only these of the scale's seeds, e.g. 0 (every cell's first seed now, the rest later)")
         p.add_argument("--force", action="store_true", help="rerun finished jobs from scratch")
         p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
         p.add_argument("--no-compare", action="store_true")

@@ -309,6 +309,9 @@ def test_bsam_rows_share_their_common_cells_with_table_1():
     assert key("bsam_t3", t1 + "bsam_no_noise") != key("bsam_t1", t1 + "bsam")
     assert key("bsam_t5", t1 + "bsam/m8") == key("bsam_t1", t1 + "bsam")
     assert key("bsam_t5", t1 + "sam_sgd/m8") == key("bsam_t1", t1 + "sam_sgd")
+    assert key("bsam_fig4", t1 + "bsam/rho0.01") == key("bsam_t1", t1 + "bsam")
+    assert key("bsam_fig4", t1 + "sam_sgd/rho0.05") == key("bsam_t1", t1 + "sam_sgd")
+    assert key("bsam_fig4", t1 + "sam_adam/rho0.05") == key("bsam_t1", t1 + "sam_adam")
     for m in ("sgd", "sam", "vsam", "rsam"):
         assert key("vsam_t4", f"cifar10/wrn28x2/{m}") == key("vsam_t3", f"cifar10/wrn28x2/{m}"), m
 
@@ -333,3 +336,17 @@ def test_a_table_whose_paper_numbers_are_lost_lists_our_cells_and_ranks_its_pair
     md = compare.to_markdown(c)
     assert "## Our cells" in md and "| `cifar10/resnet20_frn/bsam` | 61.00 ± 1.00 (n=3) | 1.1000 ± 0.0000 (n=3)" in md
     assert "agrees with the paper" not in md
+
+
+def test_seeds_option_runs_a_part_of_the_seeds_and_refuses_unknown_ones(tmp_path, monkeypatch):
+    row = spec.load_row("bsam_t3")
+    cells = launch._select(row.cells_for("cpu"), "*/bsam", [0, 2])
+    assert [(c.id, c.seeds) for c in cells] == [("cifar10/resnet20_frn/bsam", [0, 2])]
+    with pytest.raises(spec.SpecError, match=r"seeds are \[0, 1, 2\]"):
+        launch._select(row.cells_for("cpu"), None, [3])
+    s = launch.launch(row, "cpu", out=tmp_path / "t3", dry_run=True, seeds=[1])
+    assert sorted(s["jobs"]) == ["cifar10/resnet20_frn/bsam/seed1", "cifar10/resnet20_frn/bsam_no_noise/seed1"]
+    # an eval row's dry run over unfinished sources reports them and writes nothing
+    monkeypatch.setattr(launch, "OUTPUT_ROOT", tmp_path / "runs")
+    e = launch.launch_eval(spec.load_row("bsam_t4"), "cpu", out=tmp_path / "t4", dry_run=True, seeds=[0])
+    assert e["returncode"] == 1 and len(e["jobs"]) == 7 and not (tmp_path / "t4").exists()

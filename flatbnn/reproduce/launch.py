@@ -242,15 +242,30 @@ def _fake_roots(base: Path) -> dict[str, Path]:
     return roots
 
 
+def _select(cells: list[Cell], cells_glob: str | None, seeds: list[int] | None) -> list[Cell]:
+    """The cells matching ``cells_glob`` with only the given ``seeds`` (``--cells`` / ``--seeds``; None = all).
+    A seed the scale does not list is an error, not a silent no-op."""
+    import dataclasses
+    import fnmatch
+
+    cells = [c for c in cells if cells_glob is None or fnmatch.fnmatchcase(c.id, cells_glob)]
+    if seeds is None:
+        return cells
+    known = sorted({s for c in cells for s in c.seeds})
+    if any(s not in known for s in seeds):
+        raise SpecError(f"--seeds {','.join(map(str, seeds))}: this scale's seeds are {known}")
+    return [dataclasses.replace(c, seeds=[s for s in c.seeds if s in seeds]) for c in cells]
+
+
 def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = (), launcher: str | None = None,
            force: bool = False, dry_run: bool = False, cells_glob: str | None = None,
-           fake_data: Path | None = None) -> dict:
+           fake_data: Path | None = None, seeds: list[int] | None = None) -> dict:
     """Run every unfinished (cell, seed) of ``row`` at ``scale``; returns a summary dict (also written as
     ``<out>/launch.json``)."""
     import fnmatch
 
     out = Path(out or OUTPUT_ROOT / row.row / scale)
-    cells = [c for c in row.cells_for(scale) if cells_glob is None or fnmatch.fnmatchcase(c.id, cells_glob)]
+    cells = _select(row.cells_for(scale), cells_glob, seeds)
     runnable = [c for c in cells if not c.blocked]
     blocked = {c.id: c.blocked for c in cells if c.blocked}
     fake_roots = _fake_roots(Path(fake_data or out / ".fake_data")) if scale == "smoke" and runnable else None
@@ -311,7 +326,7 @@ def source_cell(row: Row, cell_id: str) -> str:
 
 
 def launch_eval(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = (), force: bool = False,
-                dry_run: bool = False, cells_glob: str | None = None) -> dict:
+                dry_run: bool = False, cells_glob: str | None = None, seeds: list[int] | None = None) -> dict:
     """An eval row: re-evaluate the finished runs of ``eval_from.row`` (same scale) with ``evaluate.py`` (no
     retraining), e.g. FlatBNN Table 5 = Table 2's SWAG runs on CIFAR-10-C; results land in ``<out>/<cell>/seed<k>``."""
     import fnmatch
@@ -319,7 +334,7 @@ def launch_eval(row: Row, scale: str, *, out: Path | None = None, extra: list[st
 
     out = Path(out or OUTPUT_ROOT / row.row / scale)
     src_out = Path(row.eval_from.get("out") or OUTPUT_ROOT / row.eval_from["row"] / scale)
-    cells = [c for c in row.cells_for(scale) if cells_glob is None or fnmatch.fnmatchcase(c.id, cells_glob)]
+    cells = _select(row.cells_for(scale), cells_glob, seeds)
     blocked = {c.id: c.blocked for c in cells if c.blocked}
     rc = 0
     commands = []
@@ -336,6 +351,10 @@ def launch_eval(row: Row, scale: str, *, out: Path | None = None, extra: list[st
                 continue
             src = run_dir(src_out, source_cell(row, cell.id), seed)
             if not (src / "results.json").exists():
+                rc = 1
+                if dry_run:  # a dry run writes nothing: say it
+                    print(f"  {cell.id}/seed{seed}: source run {src} is not finished", file=sys.stderr)
+                    continue
                 dest.mkdir(parents=True, exist_ok=True)
                 (dest / "failed.txt").write_text(f"source run {src} is not finished: run "
                                                  f"`scripts/reproduce.py run {row.eval_from['row']} --scale {scale}` first\n")

@@ -213,3 +213,18 @@ def test_stale_temp_files_of_killed_writers_are_removed_on_start(tmp_path):
         p.write_bytes(b"x" * 100)
     run_cfg(SMALL + ["trainer.epochs=1"], tmp_path)
     assert not any(p.exists() for p in stale) and all(p.exists() for p in kept)
+
+
+def test_results_name_the_commit_each_process_started_with_not_the_one_at_the_end(tmp_path, monkeypatch):
+    """A commit made while a run trains must not relabel it (found 2026-11-24: a 3-hour row run started on a
+    dirty tree was labelled with the clean commit made an hour into it); a resume on another commit keeps both."""
+    import flatbnn.engine.run as R
+
+    first = iter([{"commit": "aaa", "dirty": False}] + [{"commit": "bbb", "dirty": True}] * 100)
+    monkeypatch.setattr(R, "git_commit", lambda *a, **k: next(first))
+    res = run_cfg(SMALL + ["trainer.epochs=1"], tmp_path)
+    assert res["meta"]["git"] == {"commit": "aaa", "dirty": False} and "git_segments" not in res["meta"]
+    monkeypatch.setattr(R, "git_commit", lambda *a, **k: {"commit": "ccc", "dirty": False})
+    res = run_cfg(SMALL + ["trainer.epochs=2", "trainer.resume_overrides=[trainer.epochs]"], tmp_path)
+    assert res["meta"]["git"] == {"commit": "aaa", "dirty": False}
+    assert [(g["global_step"], g["commit"]) for g in res["meta"]["git_segments"]] == [(0, "aaa"), (4, "ccc")]

@@ -327,8 +327,13 @@ def final_evaluate(b: Built) -> tuple[dict, dict]:
 
 
 def results_meta(b: Built, *, steps: int, train_seconds: float, wall_seconds: float, overrides: list,
-                 model_name: str, run_dir: Path, world_size: int | None = None) -> dict:
-    """results.json's ``meta`` (train.py and evaluate.py write the same structure)."""
+                 model_name: str, run_dir: Path, world_size: int | None = None,
+                 git_segments: list[dict] | None = None) -> dict:
+    """results.json's ``meta`` (train.py and evaluate.py write the same structure).
+
+    ``git_segments``: the commit of each process that trained this run (``{"global_step", "commit", "dirty"}``,
+    read when that process started, not when it wrote results -- a commit made during a 3-hour run must not
+    relabel it). ``meta.git`` is the first; all of them are kept under ``git_segments`` when they differ."""
     cfg, tc, eval_cfg = b.cfg, b.cfg.trainer, b.eval_cfg
     return {
         "dataset": cfg.dataset.name, "model": model_name, "method": b.method.describe(),
@@ -345,12 +350,15 @@ def results_meta(b: Built, *, steps: int, train_seconds: float, wall_seconds: fl
                                   else ""),
                                "auroc_ood": f"positives = in-distribution, score = {eval_cfg.ood_score}",
                                "nll": "-log mean_k p_k(y|x), mean over examples"},
-        "hardware": hardware(b.device, b.info.world_size), "git": git_commit(),
+        "hardware": hardware(b.device, b.info.world_size),
+        "git": ({k: git_segments[0][k] for k in ("commit", "dirty")} if git_segments else git_commit()),
         "train_seconds": train_seconds, "wall_seconds": wall_seconds,
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "overrides": overrides, "run_dir": str(run_dir),
         "init_from": b.init_from,
         "paper_reproduction": False,
+        **({"git_segments": git_segments} if git_segments and len({(g["commit"], g["dirty"]) for g in git_segments}) > 1
+           else {}),
     }
 
 
@@ -541,18 +549,19 @@ def _apply_resume_overrides(method, fresh: dict | None, keys: list[str]) -> None
 def run(cfg: DictConfig, run_dir: Path | None = None) -> dict | None:
     """Train and evaluate one configuration. Returns the results dict on rank 0 (None elsewhere)."""
     t_start = time.perf_counter()
+    git_start = git_commit()  # the code this process trains with (read now: the tree may change while it runs)
     from flatbnn.engine.validate import validate_config
     validate_config(cfg, run_dir or run_dir_from_hydra())  # types, ranges, device, writable run dir: before any data
     b = build(cfg, run_dir, training=True)
     claim = claim_run_dir(b)  # nothing in the run dir is written before this passed
     try:
-        return _train_and_evaluate(b, claim, t_start)
+        return _train_and_evaluate(b, claim, t_start, git_start)
     finally:
         if claim.lock is not None:
             claim.lock.release()
 
 
-def _train_and_evaluate(b: Built, claim: "Claim", t_start: float) -> dict | None:
+def _train_and_evaluate(b: Built, claim: "Claim", t_start: float, git_start: dict | None = None) -> dict | None:
     cfg, tc = b.cfg, b.cfg.trainer
     info, run_dir, method = b.info, b.run_dir, b.method
 
@@ -591,9 +600,11 @@ def _train_and_evaluate(b: Built, claim: "Claim", t_start: float) -> dict | None
     if claim.changes:
         history.append({"global_step": trainer.global_step,
                         "changes": {k: list(v) for k, v in claim.changes.items()}})
+    git_segments = list((claim.state or {}).get("git_segments") or [])  # earlier processes of this run
+    git_segments.append({"global_step": trainer.global_step, **(git_start or git_commit())})
     trainer.fit(method, b.flatness, b.backprop, b.train_loader, b.sampler, b.bundle.train,
                 evaluate_epoch=evaluate_epoch if tc.eval_every else None, generator=b.generator,
-                checkpoint_extra={"config": claim.config, "resume_changes": history})
+                checkpoint_extra={"config": claim.config, "resume_changes": history, "git_segments": git_segments})
 
     # ---------------------------------------------------------------- final evaluation
     metrics, predictive = final_evaluate(b)
@@ -601,7 +612,7 @@ def _train_and_evaluate(b: Built, claim: "Claim", t_start: float) -> dict | None
     if info.is_main:
         meta = results_meta(b, steps=trainer.global_step, train_seconds=trainer.elapsed,
                             wall_seconds=time.perf_counter() - t_start, overrides=_overrides(),
-                            model_name=_model_name(cfg), run_dir=run_dir)
+                            model_name=_model_name(cfg), run_dir=run_dir, git_segments=git_segments)
         if history:  # values changed on a resume (trainer.resume_overrides): where and what
             meta["resume_changes"] = history
         results = {"metrics": metrics, "meta": meta}

@@ -257,7 +257,8 @@ def _budget(row: Row, scale: str, runs: list[dict]) -> dict:
     meta = [r["meta"] for r in runs]
     b = meta[0]["budget"]
     hw = meta[0]["hardware"]
-    commits = sorted({m["git"]["commit"][:8] + ("+dirty" if m["git"].get("dirty") else "") for m in meta})
+    commits = sorted({g["commit"][:8] + ("+dirty" if g.get("dirty") else "")
+                      for m in meta for g in (m.get("git_segments") or [m["git"]])})  # resumed on another commit: both
     epochs = sorted({m["budget"]["epochs"] for m in meta})
     train = sorted({m["budget"]["train_size"] for m in meta})
     return {"scale": scale, "runs": len(runs), "note": (row.scale(scale) or {}).get("budget"),

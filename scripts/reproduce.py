@@ -4,6 +4,7 @@
     python scripts/reproduce.py list                                  # every row, its kind and scales
     python scripts/reproduce.py check                                 # every spec and paper file loads; every cell composes
     python scripts/reproduce.py run flatbnn_t2 --scale cpu -- dataset.root=../shared/data/cifar10_jpeg.tar.gz
+    python scripts/reproduce.py run vsam_t3 --scale cpu --seeds 0 -- dataset.root=...   # every cell's first seed now
     python scripts/reproduce.py run flatbnn_t2 --scale paper --launcher slurm -- dataset.root=/data/cifar10
     python scripts/reproduce.py compare flatbnn_t2 --scale cpu        # results/reproduce/flatbnn_t2/cpu.md
     python scripts/reproduce.py status                                # results/STATUS.md

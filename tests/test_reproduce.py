@@ -350,3 +350,16 @@ def test_seeds_option_runs_a_part_of_the_seeds_and_refuses_unknown_ones(tmp_path
     monkeypatch.setattr(launch, "OUTPUT_ROOT", tmp_path / "runs")
     e = launch.launch_eval(spec.load_row("bsam_t4"), "cpu", out=tmp_path / "t4", dry_run=True, seeds=[0])
     assert e["returncode"] == 1 and len(e["jobs"]) == 7 and not (tmp_path / "t4").exists()
+
+
+def test_cells_the_paper_does_not_print_are_listed_apart_and_never_compared(tmp_path):
+    row = spec.load_row("vsam_t3")   # mfvi: our extension, no paper number
+    out = tmp_path / "out"
+    for s in range(2):
+        _fake_run(out, "cifar10/wrn28x2/mfvi", s, 0.40 + s / 100, 1.5)
+        _fake_run(out, "cifar10/wrn28x2/sgd", s, 0.38, 1.6)
+    c = compare.build(row, "cpu", out)
+    extra = {(r["cell"], r["metric"]): r for r in c["extra_table"]}
+    assert extra[("cifar10/wrn28x2/mfvi", "accuracy")]["ours_mean"] == pytest.approx(40.5)
+    assert not any(r["cell"].endswith("mfvi") for r in c["table"] + c["direction"])
+    assert "| `cifar10/wrn28x2/mfvi` | 40.50 ± 0.71 (n=2) |" in compare.to_markdown(c)

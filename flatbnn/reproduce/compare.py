@@ -164,6 +164,11 @@ def build(row: Row, scale: str, out: Path | None = None) -> dict:
     ours_only = not (pd.get("cells") or [])
     if ours_only and row.kind != "script":  # the paper's numbers are lost: our cells ranked against each other
         table = _ours_table(ours, metrics or DEFAULT_METRICS)
+    extra = []  # our cells the paper prints no number for (e.g. VSAM T3's MFVI extension): shown, never compared
+    if not ours_only and row.kind != "script" and table:
+        covered = {r["our_cell"] for r in table}
+        rest = {"out": ours["out"], "cells": {k: v for k, v in ours["cells"].items() if k not in covered}}
+        extra = _ours_table(rest, metrics or DEFAULT_METRICS) if rest["cells"] else []
     direction = _directions(row, table) if scale != "smoke" else []
     runs = [r for c in ours["cells"].values() for r in c["runs"] if r.get("meta")]  # not a script's pseudo-runs
     script = None
@@ -171,7 +176,7 @@ def build(row: Row, scale: str, out: Path | None = None) -> dict:
     if row.kind == "script" and launch_file.exists():
         script = json.loads(launch_file.read_text())
     return {"script": script, "row": row.row, "paper": row.paper, "title": row.title, "scale": scale, "out": ours["out"],
-            "table": table, "ours_only": ours_only and row.kind != "script", "direction": direction, "budget": _budget(row, scale, runs),
+            "table": table, "ours_only": ours_only and row.kind != "script", "extra_table": extra, "direction": direction, "budget": _budget(row, scale, runs),
             "jobs": {cid: {str(s): st for s, (st, _) in c["states"].items()} for cid, c in ours["cells"].items()},
             "failed": {f"{cid}/seed{s}": d for cid, c in ours["cells"].items() for s, (st, d) in c["states"].items()
                        if st == "failed"},
@@ -245,7 +250,8 @@ def _directions(row: Row, table: list[dict]) -> list[dict]:
 
         paper = better(r["paper_mean"], b["paper_mean"])
         ours = better(r["ours_mean"], b["ours_mean"])
-        out.append({"cell": r["cell"], "vs": "/".join(base_parts), "metric": r["metric"], "paper_better": paper,
+        out.append({"cell": r["cell"], "vs": "/".join(base_parts), "metric": r["metric"], "unit": r.get("unit"),
+                    "paper_better": paper,
                     "ours_better": ours, "agree": None if ours is None or paper is None else ours == paper,
                     "ours": (r["ours_mean"], b["ours_mean"]), "paper": (r["paper_mean"], b["paper_mean"])})
     return out
@@ -347,6 +353,10 @@ def to_markdown(c: dict) -> str:
             lines += ["", f"{len(skipped)} paper cells are not part of this scale: " + ", ".join(f"`{x}`" for x in skipped)]
         if any(r["flags"] for r in c["table"]):
             lines += ["", "⚑ = the paper's cell is flagged in `results/paper/" + c["row"] + ".yaml` (ambiguous text)."]
+    if c.get("extra_table"):
+        lines += _cells_markdown(c["extra_table"], "Our cells without a paper number",
+                                 "Cells of the spec that the paper's table does not print (extensions, or rows of ours "
+                                 "only): shown for reference, never compared.")
     if c["direction"] and not c.get("ours_only"):
         agree = [d for d in c["direction"] if d["agree"] is not None]
         n_ok = sum(d["agree"] for d in agree)
@@ -357,8 +367,9 @@ def to_markdown(c: dict) -> str:
         for d in c["direction"]:
             mark = {True: "yes", False: "**no**", None: "–"}[d["agree"]]
             lines.append(f"| `{d['cell']}` | `{d['vs']}` | {d['metric']} | {d['paper_better'] or '–'} "
-                         f"({_fmt(d['paper'][0])} vs {_fmt(d['paper'][1])}) | {d['ours_better'] or '–'} "
-                         f"({_fmt(d['ours'][0])} vs {_fmt(d['ours'][1])}) | {mark} |")
+                         f"({_fmt(d['paper'][0], unit=d.get('unit'))} vs {_fmt(d['paper'][1], unit=d.get('unit'))}) | "
+                         f"{d['ours_better'] or '–'} ({_fmt(d['ours'][0], unit=d.get('unit'))} vs "
+                         f"{_fmt(d['ours'][1], unit=d.get('unit'))}) | {mark} |")
     for name, text in (c.get("included") or {}).items():  # the script's own report (e.g. derived ratios)
         body = text.splitlines()
         if body and body[0].startswith("# "):
@@ -382,21 +393,26 @@ def to_markdown(c: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _ours_only_markdown(c: dict) -> list[str]:
-    """A table whose paper numbers are lost: our cells x metrics, and the spec's pairs ranked within our runs."""
-    metrics = list(dict.fromkeys(r["metric"] for r in c["table"]))
-    units = {r["metric"]: r["unit"] for r in c["table"]}
-    by = {(r["cell"], r["metric"]): r for r in c["table"]}
-    cells = list(dict.fromkeys(r["cell"] for r in c["table"]))
-    lines = ["", "## Our cells", "",
-             "The paper's numbers for this table are lost (see the paper file): there is no paper column, and our "
-             "cells can only be ranked against each other. Mean ± std over seeds (ddof 1), n = seeds.", "",
+def _cells_markdown(table: list[dict], title: str, intro: str) -> list[str]:
+    """Cell x metric table of our runs (mean ± std over seeds)."""
+    metrics = list(dict.fromkeys(r["metric"] for r in table))
+    units = {r["metric"]: r["unit"] for r in table}
+    by = {(r["cell"], r["metric"]): r for r in table}
+    lines = ["", f"## {title}", "", intro + " Mean ± std over seeds (ddof 1), n = seeds.", "",
              "| cell | " + " | ".join(m + (f" ({units[m]})" if units[m] else "") for m in metrics) + " | state |",
              "|---|" + "---|" * (len(metrics) + 1)]
-    for cell in cells:
+    for cell in dict.fromkeys(r["cell"] for r in table):
         rs = [by[(cell, m)] for m in metrics]
         lines.append(f"| `{cell}` | " + " | ".join(_fmt(r["ours_mean"], r["ours_std"], r["ours_n"] or None, r["unit"])
                                                   for r in rs) + f" | {rs[0]['state']} |")
+    return lines
+
+
+def _ours_only_markdown(c: dict) -> list[str]:
+    """A table whose paper numbers are lost: our cells x metrics, and the spec's pairs ranked within our runs."""
+    units = {r["metric"]: r["unit"] for r in c["table"]}
+    lines = _cells_markdown(c["table"], "Our cells", "The paper's numbers for this table are lost (see the paper "
+                            "file): there is no paper column, and our cells can only be ranked against each other.")
     if c["direction"]:
         lines += ["", "## Pairs within our runs (no paper numbers to agree with)", "",
                   "| method | vs | metric | ours better? | ours |", "|---|---|---|---|---|"]

@@ -275,7 +275,11 @@ def _budget(row: Row, scale: str, runs: list[dict]) -> dict:
             "hardware": sorted({f"{h.get('world_size', 1)}x {h.get('gpu') or h.get('cpu')} ({h.get('cpu_count')} "
                                 f"cpus), torch {h.get('torch')}" for h in (m["hardware"] for m in meta)}),
             "precision": sorted({m["budget"].get("precision", "fp32") for m in meta}),
-            "commits": commits, "train_hours": round(sum(m.get("train_seconds", 0) for m in meta) / 3600, 3),
+            "commits": commits,
+            # an eval row's results are re-evaluations: count each trained source run's training once
+            "train_hours": round(sum({(m.get("evaluated_from") or {}).get("run_dir") or id(m): m.get("train_seconds", 0)
+                                      for m in meta}.values()) / 3600, 3),
+            "evaluations": sum(1 for m in meta if m.get("evaluated_from")),
             "metric_conventions": meta[0].get("metric_conventions"), "first": b, "hw": hw}
 
 
@@ -307,7 +311,9 @@ def to_markdown(c: dict) -> str:
         lines += [f"- runs: {b['runs']} finished; seeds {b['seeds']}; datasets {b['datasets']}; models {b['models']}",
                   f"- epochs {b['epochs']}, train size {b['train_size']}, test size {b['test_size']}, "
                   f"global batch {b['global_batch']}, precision {b['precision']}",
-                  f"- hardware: {'; '.join(b['hardware'])}; train time {b['train_hours']} h in total",
+                  f"- hardware: {'; '.join(b['hardware'])}; train time {b['train_hours']} h in total"
+                  + (f" (the {b['evaluations']} results are re-evaluations of trained runs, each counted once)"
+                     if b.get("evaluations") else ""),
                   f"- commit(s): {', '.join(b['commits'])}"]
     elif c.get("script"):
         sc = c["script"]

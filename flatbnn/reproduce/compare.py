@@ -305,7 +305,9 @@ def to_markdown(c: dict) -> str:
         lines += ["", "> The paper's own table numbers were lost in our copy of the text: the numbers below are the "
                       "authors' README rows (REFERENCE.md), not the paper's table."]
     if not c["available"]:
-        lines += ["", "> This table is not in our copy of the paper (see the paper file's notes): nothing to compare."]
+        lines += ["", "> This table's numbers are not in our copy of the paper (see the paper file's notes): nothing "
+                      "to compare with" + ("; our cells are listed and ranked against each other below."
+                                           if c.get("ours_only") and c["table"] else ".")]
     lines += ["", "## Budget", ""]
     if b.get("runs"):
         lines += [f"- runs: {b['runs']} finished; seeds {b['seeds']}; datasets {b['datasets']}; models {b['models']}",

@@ -363,3 +363,58 @@ def test_cells_the_paper_does_not_print_are_listed_apart_and_never_compared(tmp_
     assert extra[("cifar10/wrn28x2/mfvi", "accuracy")]["ours_mean"] == pytest.approx(40.5)
     assert not any(r["cell"].endswith("mfvi") for r in c["table"] + c["direction"])
     assert "| `cifar10/wrn28x2/mfvi` | 40.50 ± 0.71 (n=2) |" in compare.to_markdown(c)
+
+
+def test_committed_records_stand_in_for_lost_run_dirs_and_add_up_with_new_seeds(tmp_path):
+    """A row's seed 0 ran in one session, its outputs/ are gone, seeds 1-2 run in the next: the comparison must be
+    the 3-seed table. write_comparison archives each finished run under <dest>/../<row>/<scale>/runs/; collect()
+    reads a record only where the run dir holds no results.json (a live run wins), and a linked run keeps saying
+    it was reused."""
+    from flatbnn.reproduce import archive
+
+    row = spec.load_row("bsam_t1")
+    out, results = tmp_path / "out", tmp_path / "results"
+    dest = results / "bsam_t1"
+    cell = "cifar10/resnet20_frn/bsam"
+    _fake_run(out, cell, 0, 0.60, 1.1)
+    (out / cell / "seed0" / "metrics.jsonl").write_text('{"epoch": 1, "test/accuracy": 0.3}\n')
+    src = tmp_path / "other_row" / "sgd"
+    _fake_run(src.parent, "sgd", 0, 0.50, 1.3)
+    (out / "cifar10/resnet20_frn/sgd").mkdir(parents=True)
+    (out / "cifar10/resnet20_frn/sgd/seed0").symlink_to(src / "seed0", target_is_directory=True)
+    compare.write_comparison(row, "cpu", out=out, dest=dest)
+    rec = archive.record_dir(results, "bsam_t1", "cpu", cell, 0)
+    assert json.loads((rec / "results.json").read_text())["metrics"]["accuracy"] == 0.60
+    assert (rec / "metrics.jsonl").read_text() == '{"epoch": 1, "test/accuracy": 0.3}\n'
+
+    import shutil
+    shutil.rmtree(out)                                    # the next session: outputs/ is gone
+    _fake_run(out, cell, 1, 0.62, 1.0)
+    _fake_run(out, cell, 2, 0.64, 0.9)
+    c = compare.build(row, "cpu", out, archive_root=results)
+    acc = {(r["cell"], r["metric"]): r for r in c["table"]}[(cell, "accuracy")]
+    assert acc["ours_n"] == 3 and acc["ours_mean"] == pytest.approx(62.0) and acc["state"] == "done"
+    assert c["jobs"][cell] == {"0": "done", "1": "done", "2": "done"}
+    assert "cifar10/resnet20_frn/sgd/seed0" in c["reused"]  # archived with the link it was
+    assert compare.build(row, "cpu", out)["jobs"][cell]["0"] == "pending"  # another out reads no records
+    # a live run wins over its record, and writing the comparison refreshes the record from it
+    _fake_run(out, cell, 0, 0.70, 1.0)
+    c = compare.build(row, "cpu", out, archive_root=results)
+    assert {(r["cell"], r["metric"]): r for r in c["table"]}[(cell, "accuracy")]["ours_mean"] == pytest.approx(65.333333)
+    compare.write_comparison(row, "cpu", out=out, dest=dest)
+    assert json.loads((rec / "results.json").read_text())["metrics"]["accuracy"] == 0.70
+    assert archive.archived(results, "bsam_t1", "smoke", cell, 0) is None  # never at smoke scale
+
+
+def test_a_long_metrics_log_is_archived_as_its_per_epoch_lines(tmp_path, monkeypatch):
+    from flatbnn.reproduce import archive
+
+    monkeypatch.setattr(archive, "MAX_JSONL_BYTES", 100)
+    run = tmp_path / "run"
+    _fake_run(tmp_path, "run", 0, 0.5, 1.0)
+    run = tmp_path / "run" / "seed0"
+    lines = [json.dumps({"step": i, "train/loss": 1.0}) for i in range(10)] + [json.dumps({"epoch": 1, "x": 2})]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert archive.archive_run(run, tmp_path / "rec")
+    assert (tmp_path / "rec" / "metrics.jsonl").read_text() == '{"epoch": 1, "x": 2}\n'
+    assert not archive.archive_run(run, tmp_path / "rec")  # unchanged: nothing rewritten

@@ -60,8 +60,15 @@ def _finite(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
-def collect(row: Row, scale: str, out: Path | None = None) -> dict:
-    """Our runs of ``row`` at ``scale``: per cell the seeds' results.json (and the states of missing jobs)."""
+def collect(row: Row, scale: str, out: Path | None = None, archive_root: Path | None = None) -> dict:
+    """Our runs of ``row`` at ``scale``: per cell the seeds' results.json (and the states of missing jobs). A job
+    whose run dir holds no results.json is read from its committed record (flatbnn/reproduce/archive.py) under
+    ``archive_root`` -- by default results/reproduce when ``out`` is the default outputs dir; a caller naming
+    another ``out`` (a test, a scratch sweep) reads no records unless it names ``archive_root`` too."""
+    from flatbnn.reproduce.archive import ARCHIVE_ROOT, archived, archived_detail
+
+    if archive_root is None and out is None:
+        archive_root = ARCHIVE_ROOT
     out = Path(out or OUTPUT_ROOT / row.row / scale)
     if row.kind == "script":
         return {"out": str(out), "cells": _script_cells(row, out)}
@@ -70,9 +77,13 @@ def collect(row: Row, scale: str, out: Path | None = None) -> dict:
         runs, states = [], {}
         for seed in cell.seeds:
             state, detail = job_state(out, cell.id, seed)
-            states[seed] = (state, detail)
-            if state == "done":
+            record = archived(archive_root, row.row, scale, cell.id, seed) if archive_root and state != "done" else None
+            if record is not None:  # the live run dir is gone (or unfinished): its committed record stands in
+                state, detail = "done", archived_detail(record)
+                runs.append(json.loads((record / "results.json").read_text()))
+            elif state == "done":
                 runs.append(json.loads((run_dir(out, cell.id, seed) / "results.json").read_text()))
+            states[seed] = (state, detail)
         cells[cell.id] = {"runs": runs, "states": states, "blocked": cell.blocked}
     return {"out": str(out), "cells": cells}
 
@@ -129,9 +140,9 @@ def _stats(values: list) -> dict:
             "n": len(finite), "nonfinite": n_bad}
 
 
-def build(row: Row, scale: str, out: Path | None = None) -> dict:
+def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | None = None) -> dict:
     pd = row.paper_data() or {"cells": [], "metrics": {}}
-    ours = collect(row, scale, out)
+    ours = collect(row, scale, out, archive_root)
     metrics = pd.get("metrics") or {}
     table = []
     for pc in pd.get("cells") or []:
@@ -433,14 +444,22 @@ def _ours_only_markdown(c: dict) -> list[str]:
 
 def write_comparison(row: Row, scale: str, out: Path | None = None, dest: Path | None = None) -> Path:
     """Write ``results/reproduce/<row>/<scale>.json`` (always) and ``<scale>.md`` (not for smoke), with the
-    figures the row's analysis produced copied beside the Markdown."""
-    c = build(row, scale, out)
+    figures the row's analysis produced copied beside the Markdown. First every finished run is archived as a
+    committed record (``<dest>/<scale>/runs/``, flatbnn/reproduce/archive.py), which stands in for any run dir
+    that is gone: a later session adds seeds to the same table."""
+    from flatbnn.reproduce.archive import archive_row
+
     dest = Path(dest or RESULTS_ROOT / row.row)
+    archive_root = dest.parent
+    archive_row(row, scale, Path(out or OUTPUT_ROOT / row.row / scale), archive_root)
+    c = build(row, scale, out, archive_root)
     dest.mkdir(parents=True, exist_ok=True)
+    if any(st == "done" for cell in c["jobs"].values() for st in cell.values()):
+        Path(c["out"]).mkdir(parents=True, exist_ok=True)  # records only (a fresh clone): figures still drawn
     if Path(c["out"]).exists():  # the spec's compare.figures (curves / sweeps) drawn from the runs themselves
         from flatbnn.reproduce.figures import draw_figures
         try:
-            draw_figures(row, scale, Path(c["out"]))
+            draw_figures(row, scale, Path(c["out"]), archive_root)
         except (ValueError, OSError) as e:  # a figure must not cost the comparison table: say so, go on
             print(f"compare {row.row} ({scale}): figure not drawn: {' '.join(str(e).split())[:300]}", file=sys.stderr)
     pngs = sorted(Path(c["out"]).glob("*.png")) if Path(c["out"]).exists() else []

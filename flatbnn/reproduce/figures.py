@@ -38,12 +38,18 @@ def axis_number(label: str) -> float:
     return float(found.group())
 
 
-def _runs(row: Row, scale: str, out: Path):
-    """(axis values dict, seed, run dir) for every cell x seed of ``row`` at ``scale``."""
+def _runs(row: Row, scale: str, out: Path, archive_root: Path | None = None):
+    """(axis values dict, seed, run dir) for every cell x seed of ``row`` at ``scale``; a job whose run dir holds
+    no results.json is read from its committed record under ``archive_root`` when there is one."""
+    from flatbnn.reproduce.archive import archived
+
     for cell in row.cells_for(scale):
         values = dict(zip(row.axes, cell.id.split("/")))
         for seed in cell.seeds:
-            yield values, seed, Path(out) / cell.id / f"seed{seed}"
+            rd = Path(out) / cell.id / f"seed{seed}"
+            if not (rd / "results.json").exists() and archive_root is not None:
+                rd = archived(archive_root, row.row, scale, cell.id, seed) or rd
+            yield values, seed, rd
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -64,12 +70,12 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def curve_data(row: Row, scale: str, out: Path, spec: dict) -> dict:
+def curve_data(row: Row, scale: str, out: Path, spec: dict, archive_root: Path | None = None) -> dict:
     """{facet: {metric: {line: {"epochs": [...], "mean": [...], "std": [...], "seeds": n, "key": used key}}}}."""
     facet_axis, line_axis = spec.get("rows"), spec["lines"]
     per = {}  # (facet, metric, line) -> {epoch: [values over seeds]}, plus the key actually used
     keys_used = {}
-    for values, _seed, rd in _runs(row, scale, out):
+    for values, _seed, rd in _runs(row, scale, out, archive_root):
         records = _read_jsonl(rd / "metrics.jsonl")
         if not records:
             continue
@@ -93,11 +99,11 @@ def curve_data(row: Row, scale: str, out: Path, spec: dict) -> dict:
     return data
 
 
-def sweep_data(row: Row, scale: str, out: Path, spec: dict) -> dict:
+def sweep_data(row: Row, scale: str, out: Path, spec: dict, archive_root: Path | None = None) -> dict:
     """{metric: {line: {"x": [...], "mean": [...], "std": [...], "seeds": [n per x]}}} from results.json."""
     x_axis, line_axis = spec["x"], spec["lines"]
     per = {}
-    for values, _seed, rd in _runs(row, scale, out):
+    for values, _seed, rd in _runs(row, scale, out, archive_root):
         res = rd / "results.json"
         if not res.exists():
             continue
@@ -148,8 +154,8 @@ def _band(ax, x, mean, std, label):
     ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
 
 
-def draw_curves(row: Row, scale: str, out: Path, spec: dict) -> Path | None:
-    data = curve_data(row, scale, out, spec)
+def draw_curves(row: Row, scale: str, out: Path, spec: dict, archive_root: Path | None = None) -> Path | None:
+    data = curve_data(row, scale, out, spec, archive_root)
     if not data:
         return None
     import matplotlib
@@ -177,8 +183,8 @@ def draw_curves(row: Row, scale: str, out: Path, spec: dict) -> Path | None:
     return _finish(fig, row, scale, Path(out) / f"{spec.get('name', row.row + '_curves')}.png")
 
 
-def draw_sweep(row: Row, scale: str, out: Path, spec: dict) -> Path | None:
-    data = sweep_data(row, scale, out, spec)
+def draw_sweep(row: Row, scale: str, out: Path, spec: dict, archive_root: Path | None = None) -> Path | None:
+    data = sweep_data(row, scale, out, spec, archive_root)
     if not data:
         return None
     import matplotlib
@@ -201,7 +207,7 @@ def draw_sweep(row: Row, scale: str, out: Path, spec: dict) -> Path | None:
     return _finish(fig, row, scale, Path(out) / f"{spec.get('name', row.row + '_sweep')}.png")
 
 
-def draw_figures(row: Row, scale: str, out: Path) -> list[Path]:
+def draw_figures(row: Row, scale: str, out: Path, archive_root: Path | None = None) -> list[Path]:
     """Every figure of ``row.compare.figures`` from the runs under ``out`` (a figure without data is skipped)."""
     paths = []
     for spec in (row.compare or {}).get("figures") or []:
@@ -209,7 +215,7 @@ def draw_figures(row: Row, scale: str, out: Path) -> list[Path]:
         if kind not in KINDS:
             raise SpecError(f"{row.row}: compare.figures kind must be one of {KINDS}, got {kind!r}")
         draw = draw_curves if kind == "curves" else draw_sweep
-        path = draw(row, scale, Path(out), spec)
+        path = draw(row, scale, Path(out), spec, archive_root=archive_root)
         if path is not None:
             paths.append(path)
     return paths

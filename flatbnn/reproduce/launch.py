@@ -286,6 +286,12 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
     cmd = multirun_command(search, [cell_config_name(c.id, s) for c, s in todo], out, list(extra), launcher)
     print(f"reproduce {row.row} ({scale}): {len(jobs)} jobs, {len(jobs) - len(todo) - len(reuse)} already done, "
           f"{len(reuse)} reused from other rows, {len(todo)} to run, {len(blocked)} cells blocked", file=sys.stderr)
+    from flatbnn.reproduce.archive import archived
+    recorded = [f"{c.id}/seed{s}" for c, s in todo if archived(None, row.row, scale, c.id, s)]
+    if recorded:  # training them again is allowed (it reproduces them), but may not be what was meant
+        print(f"  {len(recorded)} of them have committed records (results/reproduce/{row.row}/{scale}/runs/, read by "
+              f"the comparison), e.g. {recorded[0]}: pass --seeds / --cells to train only the others",
+              file=sys.stderr)
     rc = 0
     if todo:
         print("  " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr)

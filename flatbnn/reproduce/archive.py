@@ -1,0 +1,117 @@
+"""Committed run records: each finished (cell, seed) of a ``cpu`` / ``paper`` row, kept under ``results/``.
+
+Run dirs live under ``outputs/`` (git-ignored: checkpoints are GBs), so a comparison drawn from them cannot be
+redrawn, nor extended by more seeds, once that tree is gone -- a fresh clone, another cluster, a new session
+on a 2-core machine that fits one seed of a row per sitting. So whenever a comparison is written, every
+finished run's small files are copied to ``results/reproduce/<row>/<scale>/runs/<cell>/seed<k>/``:
+``results.json`` (metrics + meta: budget, hardware, commits), ``config_resolved.yaml`` and ``metrics.jsonl``
+(per-epoch curves; per-step lines dropped past :data:`MAX_JSONL_BYTES`), plus ``record.json`` (where the run
+was, and the run it was linked from). The comparison then reads a job from its run dir when that holds
+``results.json`` and from the record otherwise (state ``done``, detail ``archived: ...``), so
+``reproduce.py run ROW --scale cpu --seeds 1,2`` today plus the seed-0 record of last week is a 3-seed table.
+
+The launcher does not read records: a job without a finished run dir is trained (rerunning a row reproduces
+it); pass ``--seeds`` / ``--cells`` to train only what no record holds. A live run always wins over its record,
+and writing the comparison refreshes the record from it. Never at ``smoke`` scale (fake data, no numbers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from flatbnn.engine.checkpoint import write_bytes, write_json
+from flatbnn.reproduce.spec import REPO
+
+ARCHIVE_ROOT = REPO / "results" / "reproduce"
+ARCHIVED_FILES = ("results.json", "config_resolved.yaml", "metrics.jsonl")
+MAX_JSONL_BYTES = 1 << 20  # a paper-scale run logging every few steps: keep its per-epoch lines only
+SCALES = ("cpu", "paper")
+
+
+def record_dir(root: Path, row: str, scale: str, cell_id: str, seed: int) -> Path:
+    """``<root>/<row>/<scale>/runs/<cell>/seed<k>`` (``root``: the comparisons' folder, results/reproduce)."""
+    return Path(root) / row / scale / "runs" / cell_id / f"seed{seed}"
+
+
+def _epoch_lines(data: bytes) -> bytes:
+    """The lines of a metrics.jsonl that carry per-epoch values (an ``epoch`` key and no ``step``-only
+    record): what the curves read."""
+    keep = []
+    for line in data.splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and "epoch" in rec:
+            keep.append(line)
+    return b"\n".join(keep) + (b"\n" if keep else b"")
+
+
+def archive_run(run: Path, dest: Path, reused_from: str | None = None) -> bool:
+    """Copy a finished run's small files into ``dest`` (atomically, each file). Returns True if anything
+    changed. A run without results.json is not archived."""
+    run = Path(run)
+    if not (run / "results.json").is_file():
+        return False
+    changed = False
+    for name in ARCHIVED_FILES:
+        src = run / name
+        if not src.is_file():
+            continue
+        data = src.read_bytes()
+        if name == "metrics.jsonl" and len(data) > MAX_JSONL_BYTES:
+            data = _epoch_lines(data)
+        target = dest / name
+        if target.is_file() and target.read_bytes() == data:
+            continue
+        dest.mkdir(parents=True, exist_ok=True)
+        write_bytes(target, data)
+        changed = True
+    record = {"run_dir": str(run), "reused_from": reused_from}
+    rec_file = dest / "record.json"
+    old = json.loads(rec_file.read_text()) if rec_file.is_file() else None
+    if changed or old is None or old.get("reused_from") != reused_from:
+        write_json(rec_file, record)
+        changed = True
+    return changed
+
+
+def archive_row(row, scale: str, out: Path, root: Path | None = None) -> int:
+    """Archive every finished job of ``row`` at ``scale`` found in ``out``; returns how many records changed.
+    A linked job (another row's run, see launch.reusable_runs) is archived with the link it was."""
+    if scale not in SCALES or row.kind not in ("train", "eval"):  # a script row's outputs are its own files
+        return 0
+    root = Path(root or ARCHIVE_ROOT)
+    n = 0
+    for cell in row.cells_for(scale):
+        for seed in cell.seeds:
+            d = Path(out) / cell.id / f"seed{seed}"
+            if not (d / "results.json").is_file():
+                continue
+            reused = os.readlink(d) if d.is_symlink() else None
+            n += archive_run(d, record_dir(root, row.row, scale, cell.id, seed), reused)
+    return n
+
+
+def archived(root: Path | None, row: str, scale: str, cell_id: str, seed: int) -> Path | None:
+    """The record dir of (cell, seed) if it holds a results.json, else None (never at smoke scale)."""
+    if scale not in SCALES:
+        return None
+    d = record_dir(Path(root or ARCHIVE_ROOT), row, scale, cell_id, seed)
+    return d if (d / "results.json").is_file() else None
+
+
+def archived_detail(d: Path) -> str:
+    """The job-state detail of an archived job: ``reused: <link>`` for a linked run (so the comparison still
+    lists it under reused), else ``archived: <record dir>``."""
+    rec_file = d / "record.json"
+    rec = json.loads(rec_file.read_text()) if rec_file.is_file() else {}
+    try:
+        where = str(d.relative_to(REPO))
+    except ValueError:
+        where = str(d)
+    if rec.get("reused_from"):
+        return f"reused: {rec['reused_from']} (archived: {where})"
+    return f"archived: {where}"

@@ -418,3 +418,20 @@ def test_a_long_metrics_log_is_archived_as_its_per_epoch_lines(tmp_path, monkeyp
     assert archive.archive_run(run, tmp_path / "rec")
     assert (tmp_path / "rec" / "metrics.jsonl").read_text() == '{"epoch": 1, "x": 2}\n'
     assert not archive.archive_run(run, tmp_path / "rec")  # unchanged: nothing rewritten
+
+
+def test_a_tie_on_one_side_is_undecided_not_a_disagreement(tmp_path):
+    """FSAM T4 at cpu scale: SAM and FSAM both at chance (10.00 vs 10.00) where the paper ranks FSAM first. That
+    tie is no evidence against the paper: it must be neither counted as agreeing nor as disagreeing."""
+    row = spec.load_row("fsam_t4")
+    out = tmp_path / "out"
+    _fake_run(out, "n60/sam", 0, 0.10, 2.3)
+    _fake_run(out, "n60/fsam", 0, 0.10, 2.3)
+    _fake_run(out, "n20/sam", 0, 0.30, 2.0)
+    _fake_run(out, "n20/fsam", 0, 0.20, 2.1)
+    c = compare.build(row, "cpu", out)
+    d = {(x["cell"], x["metric"]): x for x in c["direction"]}
+    assert d[("n60/fsam", "accuracy")]["ours_better"] == "tie" and d[("n60/fsam", "accuracy")]["agree"] is None
+    assert d[("n20/fsam", "accuracy")]["agree"] is True   # paper: FSAM 93.03 < SAM 93.12; ours 20 < 30
+    assert "agrees with the paper on 1 of 1 comparisons (pending: 2; undecided, a tie on one side only: 1)" in \
+        compare.to_markdown(c)

@@ -263,7 +263,10 @@ def _directions(row: Row, table: list[dict]) -> list[dict]:
         ours = better(r["ours_mean"], b["ours_mean"])
         out.append({"cell": r["cell"], "vs": "/".join(base_parts), "metric": r["metric"], "unit": r.get("unit"),
                     "paper_better": paper,
-                    "ours_better": ours, "agree": None if ours is None or paper is None else ours == paper,
+                    # our tie against a paper that ranks the pair (e.g. both at chance, 10.00 vs 10.00) is no
+                    # evidence either way: undecided, not a disagreement
+                    "ours_better": ours, "agree": (None if ours is None or paper is None or (ours == "tie") != (paper == "tie")
+                                                   else ours == paper),
                     "ours": (r["ours_mean"], b["ours_mean"]), "paper": (r["paper_mean"], b["paper_mean"])})
     return out
 
@@ -379,9 +382,11 @@ def to_markdown(c: dict) -> str:
     if c["direction"] and not c.get("ours_only"):
         agree = [d for d in c["direction"] if d["agree"] is not None]
         n_ok = sum(d["agree"] for d in agree)
+        ties = sum(1 for d in c["direction"] if d["agree"] is None and "tie" in (d["ours_better"], d["paper_better"]))
         lines += ["", "## Direction: is the first method better than its base?", "",
                   f"Ours agrees with the paper on {n_ok} of {len(agree)} comparisons "
-                  f"(pending: {len(c['direction']) - len(agree)}).", "",
+                  f"(pending: {len(c['direction']) - len(agree) - ties}"
+                  + (f"; undecided, a tie on one side only: {ties}" if ties else "") + ").", "",
                   "| method | vs | metric | paper | ours | agree |", "|---|---|---|---|---|---|"]
         for d in c["direction"]:
             mark = {True: "yes", False: "**no**", None: "–"}[d["agree"]]

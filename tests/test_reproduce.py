@@ -386,6 +386,7 @@ def test_committed_records_stand_in_for_lost_run_dirs_and_add_up_with_new_seeds(
     rec = archive.record_dir(results, "bsam_t1", "cpu", cell, 0)
     assert json.loads((rec / "results.json").read_text())["metrics"]["accuracy"] == 0.60
     assert (rec / "metrics.jsonl").read_text() == '{"epoch": 1, "test/accuracy": 0.3}\n'
+    assert not archive.archive_run(out / cell / "seed0", rec)  # unchanged: nothing rewritten
 
     import shutil
     shutil.rmtree(out)                                    # the next session: outputs/ is gone
@@ -404,20 +405,6 @@ def test_committed_records_stand_in_for_lost_run_dirs_and_add_up_with_new_seeds(
     compare.write_comparison(row, "cpu", out=out, dest=dest)
     assert json.loads((rec / "results.json").read_text())["metrics"]["accuracy"] == 0.70
     assert archive.archived(results, "bsam_t1", "smoke", cell, 0) is None  # never at smoke scale
-
-
-def test_a_long_metrics_log_is_archived_as_its_per_epoch_lines(tmp_path, monkeypatch):
-    from flatbnn.reproduce import archive
-
-    monkeypatch.setattr(archive, "MAX_JSONL_BYTES", 100)
-    run = tmp_path / "run"
-    _fake_run(tmp_path, "run", 0, 0.5, 1.0)
-    run = tmp_path / "run" / "seed0"
-    lines = [json.dumps({"step": i, "train/loss": 1.0}) for i in range(10)] + [json.dumps({"epoch": 1, "x": 2})]
-    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    assert archive.archive_run(run, tmp_path / "rec")
-    assert (tmp_path / "rec" / "metrics.jsonl").read_text() == '{"epoch": 1, "x": 2}\n'
-    assert not archive.archive_run(run, tmp_path / "rec")  # unchanged: nothing rewritten
 
 
 def test_a_tie_on_one_side_is_undecided_not_a_disagreement(tmp_path):

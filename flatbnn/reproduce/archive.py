@@ -5,8 +5,7 @@ redrawn, nor extended by more seeds, once that tree is gone -- a fresh clone, an
 on a 2-core machine that fits one seed of a row per sitting. So whenever a comparison is written, every
 finished run's small files are copied to ``results/reproduce/<row>/<scale>/runs/<cell>/seed<k>/``:
 ``results.json`` (metrics + meta: budget, hardware, commits), ``config_resolved.yaml`` and ``metrics.jsonl``
-(per-epoch curves; per-step lines dropped past :data:`MAX_JSONL_BYTES`), plus ``record.json`` (where the run
-was, and the run it was linked from). The comparison then reads a job from its run dir when that holds
+(one line per epoch: the curves), plus ``record.json`` (where the run was, and the run it was linked from). The comparison then reads a job from its run dir when that holds
 ``results.json`` and from the record otherwise (state ``done``, detail ``archived: ...``), so
 ``reproduce.py run ROW --scale cpu --seeds 1,2`` today plus the seed-0 record of last week is a 3-seed table.
 
@@ -25,28 +24,13 @@ from flatbnn.engine.checkpoint import write_bytes, write_json
 from flatbnn.reproduce.spec import REPO
 
 ARCHIVE_ROOT = REPO / "results" / "reproduce"
-ARCHIVED_FILES = ("results.json", "config_resolved.yaml", "metrics.jsonl")
-MAX_JSONL_BYTES = 1 << 20  # a paper-scale run logging every few steps: keep its per-epoch lines only
+ARCHIVED_FILES = ("results.json", "config_resolved.yaml", "metrics.jsonl")  # ~20 KB a run
 SCALES = ("cpu", "paper")
 
 
 def record_dir(root: Path, row: str, scale: str, cell_id: str, seed: int) -> Path:
     """``<root>/<row>/<scale>/runs/<cell>/seed<k>`` (``root``: the comparisons' folder, results/reproduce)."""
     return Path(root) / row / scale / "runs" / cell_id / f"seed{seed}"
-
-
-def _epoch_lines(data: bytes) -> bytes:
-    """The lines of a metrics.jsonl that carry per-epoch values (an ``epoch`` key and no ``step``-only
-    record): what the curves read."""
-    keep = []
-    for line in data.splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and "epoch" in rec:
-            keep.append(line)
-    return b"\n".join(keep) + (b"\n" if keep else b"")
 
 
 def archive_run(run: Path, dest: Path, reused_from: str | None = None) -> bool:
@@ -61,8 +45,6 @@ def archive_run(run: Path, dest: Path, reused_from: str | None = None) -> bool:
         if not src.is_file():
             continue
         data = src.read_bytes()
-        if name == "metrics.jsonl" and len(data) > MAX_JSONL_BYTES:
-            data = _epoch_lines(data)
         target = dest / name
         if target.is_file() and target.read_bytes() == data:
             continue
@@ -83,11 +65,13 @@ def archive_row(row, scale: str, out: Path, root: Path | None = None) -> int:
     A linked job (another row's run, see launch.reusable_runs) is archived with the link it was."""
     if scale not in SCALES or row.kind not in ("train", "eval"):  # a script row's outputs are its own files
         return 0
+    from flatbnn.reproduce.launch import run_dir
+
     root = Path(root or ARCHIVE_ROOT)
     n = 0
     for cell in row.cells_for(scale):
         for seed in cell.seeds:
-            d = Path(out) / cell.id / f"seed{seed}"
+            d = run_dir(out, cell.id, seed)
             if not (d / "results.json").is_file():
                 continue
             reused = os.readlink(d) if d.is_symlink() else None
@@ -101,6 +85,14 @@ def archived(root: Path | None, row: str, scale: str, cell_id: str, seed: int) -
         return None
     d = record_dir(Path(root or ARCHIVE_ROOT), row, scale, cell_id, seed)
     return d if (d / "results.json").is_file() else None
+
+
+def run_or_record(run: Path, root: Path | None, row: str, scale: str, cell_id: str, seed: int) -> Path:
+    """Where (cell, seed)'s results are read: the run dir ``run`` when it holds results.json, else its record
+    under ``root`` when there is one (``root`` None: no records), else ``run`` (unfinished or missing)."""
+    if (Path(run) / "results.json").exists() or root is None:
+        return Path(run)
+    return archived(root, row, scale, cell_id, seed) or Path(run)
 
 
 def archived_detail(d: Path) -> str:

@@ -65,7 +65,7 @@ def collect(row: Row, scale: str, out: Path | None = None, archive_root: Path | 
     whose run dir holds no results.json is read from its committed record (flatbnn/reproduce/archive.py) under
     ``archive_root`` -- by default results/reproduce when ``out`` is the default outputs dir; a caller naming
     another ``out`` (a test, a scratch sweep) reads no records unless it names ``archive_root`` too."""
-    from flatbnn.reproduce.archive import ARCHIVE_ROOT, archived, archived_detail
+    from flatbnn.reproduce.archive import ARCHIVE_ROOT, archived_detail, run_or_record
 
     if archive_root is None and out is None:
         archive_root = ARCHIVE_ROOT
@@ -77,12 +77,12 @@ def collect(row: Row, scale: str, out: Path | None = None, archive_root: Path | 
         runs, states = [], {}
         for seed in cell.seeds:
             state, detail = job_state(out, cell.id, seed)
-            record = archived(archive_root, row.row, scale, cell.id, seed) if archive_root and state != "done" else None
-            if record is not None:  # the live run dir is gone (or unfinished): its committed record stands in
-                state, detail = "done", archived_detail(record)
-                runs.append(json.loads((record / "results.json").read_text()))
-            elif state == "done":
-                runs.append(json.loads((run_dir(out, cell.id, seed) / "results.json").read_text()))
+            live = run_dir(out, cell.id, seed)
+            d = run_or_record(live, archive_root, row.row, scale, cell.id, seed)
+            if d != live:  # the live run dir is gone (or unfinished): its committed record stands in
+                state, detail = "done", archived_detail(d)
+            if state == "done":
+                runs.append(json.loads((d / "results.json").read_text()))
             states[seed] = (state, detail)
         cells[cell.id] = {"runs": runs, "states": states, "blocked": cell.blocked}
     return {"out": str(out), "cells": cells}

@@ -41,15 +41,13 @@ def axis_number(label: str) -> float:
 def _runs(row: Row, scale: str, out: Path, archive_root: Path | None = None):
     """(axis values dict, seed, run dir) for every cell x seed of ``row`` at ``scale``; a job whose run dir holds
     no results.json is read from its committed record under ``archive_root`` when there is one."""
-    from flatbnn.reproduce.archive import archived
+    from flatbnn.reproduce.archive import run_or_record
+    from flatbnn.reproduce.launch import run_dir
 
     for cell in row.cells_for(scale):
         values = dict(zip(row.axes, cell.id.split("/")))
         for seed in cell.seeds:
-            rd = Path(out) / cell.id / f"seed{seed}"
-            if not (rd / "results.json").exists() and archive_root is not None:
-                rd = archived(archive_root, row.row, scale, cell.id, seed) or rd
-            yield values, seed, rd
+            yield values, seed, run_or_record(run_dir(out, cell.id, seed), archive_root, row.row, scale, cell.id, seed)
 
 
 def _read_jsonl(path: Path) -> list[dict]:

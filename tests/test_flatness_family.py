@@ -417,7 +417,9 @@ def _ddp_sam_worker(rank, store, out, rho):
             SAM(rho=rho, sync_ascent=sync).gradient(list(net.named_parameters()), _ce(ddp), shard,
                                                     Backprop(net, CPU, ddp=ddp))
             grads[sync] = [p.grad.clone() for p in net.parameters()]
+            del ddp  # its reducer must not outlive the process group
         torch.save(grads, out / f"rank{rank}.pt")
+        dist.barrier()  # neither rank tears gloo down while its peer is still in a collective (SIGABRT ~1 in 4)
     finally:
         dist.destroy_process_group()
 

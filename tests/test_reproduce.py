@@ -111,9 +111,12 @@ def test_a_row_is_one_multirun_failed_cells_fail_alone_and_finished_jobs_are_ski
     assert (out / "sgd" / "seed0" / "results.json").stat().st_mtime_ns == before
 
 
-def _fake_run(out: Path, cell: str, seed: int, acc: float, nll: float, ece: float = 0.01, shift=None):
+def _fake_run(out: Path, cell: str, seed: int, acc: float, nll: float, ece: float = 0.01, shift=None,
+              num_classes: int | None = None):
     d = out / cell / f"seed{seed}"
     d.mkdir(parents=True)
+    if num_classes:  # as train.py writes it; the at-chance check reads model.num_classes from here
+        (d / "config_resolved.yaml").write_text(f"model:\n  name: resnet_cifar\n  num_classes: {num_classes}\n")
     metrics = {"accuracy": acc, "nll": nll, "ece": ece}
     if shift:
         metrics["shift"] = shift
@@ -422,3 +425,36 @@ def test_a_tie_on_one_side_is_undecided_not_a_disagreement(tmp_path):
     assert d[("n20/fsam", "accuracy")]["agree"] is True   # paper: FSAM 93.03 < SAM 93.12; ours 20 < 30
     assert "agrees with the paper on 1 of 1 comparisons (pending: 2; undecided, a tie on one side only: 1)" in \
         compare.to_markdown(c)
+
+
+def test_a_cell_at_chance_ranks_nothing(tmp_path):
+    """FSAM T1 at cpu scale, ResNet-56: SAM 11.1 % and FSAM 10.0 % on 1,000 test images of 10 classes -- both
+    within 3 binomial standard errors of 1/10 (10 % + 2.85 %), i.e. networks that learned nothing. 'FSAM worse
+    than SAM' there is noise, so the pair is undecided; SAM (at chance) vs SGD (19.6 %) too. A cell where one seed
+    trained is not at chance; ResNet-20's trained cells are still compared."""
+    row = spec.load_row("fsam_t1")
+    out = tmp_path / "out"
+    for s in range(2):
+        _fake_run(out, "cifar10/resnet56/sgd", s, 0.196, 2.2, num_classes=10)
+        _fake_run(out, "cifar10/resnet56/sam", s, 0.111, 2.30, num_classes=10)
+        _fake_run(out, "cifar10/resnet56/fsam", s, 0.100, 2.30, num_classes=10)
+        _fake_run(out, "cifar10/resnet20/sam", s, [0.129, 0.30][s], 2.0, num_classes=10)  # seed 1 trained
+        _fake_run(out, "cifar10/resnet20/fsam", s, 0.25, 2.1, num_classes=10)
+    c = compare.build(row, "cpu", out)
+    cells = {r["cell"]: r["at_chance"] for r in c["table"] if r["metric"] == "accuracy"}
+    assert cells["cifar10/resnet56/sam"] and cells["cifar10/resnet56/fsam"]
+    assert not cells["cifar10/resnet56/sgd"] and not cells["cifar10/resnet20/sam"]
+    d = {(x["cell"], x["metric"]): x for x in c["direction"]}
+    for pair in ("cifar10/resnet56/fsam", "cifar10/resnet56/sam"):
+        assert d[(pair, "accuracy")]["agree"] is None and d[(pair, "accuracy")]["undecided"].startswith("at chance")
+    assert d[("cifar10/resnet20/fsam", "accuracy")]["agree"] is True  # paper: FSAM > SAM; ours 25 > 21.45
+    md = compare.to_markdown(c)
+    assert "on 1 of 1 comparisons (pending: 1; undecided, a cell of ours at chance: 2)" in md
+    assert md.count("| 2/3 seeds · at chance |") == 2   # ResNet-56 SAM and FSAM; not SGD, not ResNet-20 SAM
+    # the boundary: 1/10 + 3 sqrt(0.09 / 1000) = 12.85 %; 12.9 % is above it
+    assert not compare._at_chance({"metrics": {"accuracy": 0.129}, "meta": {"budget": {"test_size": 1000}}},
+                                  out / "cifar10/resnet56/sam/seed0")
+    assert compare._at_chance({"metrics": {"accuracy": 0.128}, "meta": {"budget": {"test_size": 1000}}},
+                              out / "cifar10/resnet56/sam/seed0")
+    # no config (K unknown): never at chance
+    assert not compare._at_chance({"metrics": {"accuracy": 0.1}, "meta": {"budget": {"test_size": 1000}}}, tmp_path)

@@ -74,7 +74,7 @@ def collect(row: Row, scale: str, out: Path | None = None, archive_root: Path | 
         return {"out": str(out), "cells": _script_cells(row, out)}
     cells = {}
     for cell in row.cells_for(scale):
-        runs, states = [], {}
+        runs, states, chance = [], {}, []
         for seed in cell.seeds:
             state, detail = job_state(out, cell.id, seed)
             live = run_dir(out, cell.id, seed)
@@ -83,9 +83,32 @@ def collect(row: Row, scale: str, out: Path | None = None, archive_root: Path | 
                 state, detail = "done", archived_detail(d)
             if state == "done":
                 runs.append(json.loads((d / "results.json").read_text()))
+                chance.append(_at_chance(runs[-1], d))
             states[seed] = (state, detail)
-        cells[cell.id] = {"runs": runs, "states": states, "blocked": cell.blocked}
+        cells[cell.id] = {"runs": runs, "states": states, "blocked": cell.blocked,
+                          "at_chance": bool(chance) and all(chance)}
     return {"out": str(out), "cells": cells}
+
+
+CHANCE_SE = 3.0  # a run within this many binomial standard errors of 1/K test accuracy learned nothing we can rank
+
+
+def _at_chance(result: dict, run: Path) -> bool:
+    """Whether a finished run's test accuracy is indistinguishable from a constant guess: within ``CHANCE_SE``
+    binomial standard errors of 1/K (K from the run's resolved ``model.num_classes``, n = its test size). Such a
+    run (e.g. a deep ResNet whose first steps at lr 0.1 diverged and left it predicting one class) ranks nothing:
+    its pairs are undecided, whatever the third decimal of its accuracy says. Unknown K or n: False."""
+    import yaml
+
+    acc, n = _get(result, "metrics.accuracy"), _get(result, "meta.budget.test_size")
+    try:
+        k = int(_get(yaml.safe_load((run / "config_resolved.yaml").read_text()) or {}, "model.num_classes"))
+    except (OSError, TypeError, ValueError, yaml.YAMLError):
+        return False
+    if not _finite(acc) or not n or k < 2:
+        return False
+    p = 1.0 / k
+    return acc <= p + CHANCE_SE * math.sqrt(p * (1.0 - p) / n)
 
 
 def _script_cells(row: Row, out: Path) -> dict:
@@ -106,7 +129,7 @@ def _script_cells(row: Row, out: Path) -> dict:
                 metrics[METRIC_PATHS.get(metric, metric)] = value
         state = ("done", str(path)) if metrics else ("missing", f"{path} has no numbers for {cell}")
         cells[cell] = {"runs": [{"metrics": metrics, "meta": None}] if metrics else [], "states": {0: state},
-                       "blocked": None}
+                       "blocked": None, "at_chance": False}
     return cells
 
 
@@ -157,7 +180,8 @@ def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | No
             st = _stats(values)
             rec = {"cell": pc["cell"], "our_cell": our_cell, "metric": metric, "unit": spec.get("unit"),
                    "better": spec.get("better"), "paper_mean": printed.get("mean"), "paper_std": printed.get("std"),
-                   **{f"ours_{k}": v for k, v in st.items()}, "flags": pc.get("flags") or []}
+                   **{f"ours_{k}": v for k, v in st.items()}, "flags": pc.get("flags") or [],
+                   "at_chance": bool(entry and entry["at_chance"])}
             if entry is None:
                 rec["state"] = NOT_AT_SCALE
             elif entry["blocked"]:
@@ -222,7 +246,8 @@ def _ours_table(ours: dict, metrics: dict) -> list[dict]:
                 state = "done" if st["n"] == len(entry["states"]) else f"{st['n']}/{len(entry['states'])} seeds"
             table.append({"cell": cid, "our_cell": cid, "metric": metric, "unit": spec.get("unit"),
                           "better": spec.get("better"), "paper_mean": None, "paper_std": None,
-                          **{f"ours_{k}": v for k, v in st.items()}, "flags": [], "state": state})
+                          **{f"ours_{k}": v for k, v in st.items()}, "flags": [], "state": state,
+                          "at_chance": entry["at_chance"]})
     return table
 
 
@@ -261,12 +286,16 @@ def _directions(row: Row, table: list[dict]) -> list[dict]:
 
         paper = better(r["paper_mean"], b["paper_mean"])
         ours = better(r["ours_mean"], b["ours_mean"])
+        chance = [x["cell"] for x in (r, b) if x.get("at_chance")]
+        # no evidence either way, so undecided rather than a disagreement: our tie against a paper that ranks the
+        # pair, or a pair with a cell of ours that learned nothing (at chance: its ranking is noise)
+        undecided = (f"at chance: {', '.join(chance)}" if chance and ours is not None
+                     else "tie on one side only" if None not in (ours, paper) and (ours == "tie") != (paper == "tie")
+                     else None)
         out.append({"cell": r["cell"], "vs": "/".join(base_parts), "metric": r["metric"], "unit": r.get("unit"),
-                    "paper_better": paper,
-                    # our tie against a paper that ranks the pair (e.g. both at chance, 10.00 vs 10.00) is no
-                    # evidence either way: undecided, not a disagreement
-                    "ours_better": ours, "agree": (None if ours is None or paper is None or (ours == "tie") != (paper == "tie")
-                                                   else ours == paper),
+                    "paper_better": paper, "ours_better": ours,
+                    "agree": None if undecided or ours is None or paper is None else ours == paper,
+                    "undecided": undecided,
                     "ours": (r["ours_mean"], b["ours_mean"]), "paper": (r["paper_mean"], b["paper_mean"])})
     return out
 
@@ -295,6 +324,10 @@ def _budget(row: Row, scale: str, runs: list[dict]) -> dict:
                                       for m in meta}.values()) / 3600, 3),
             "evaluations": sum(1 for m in meta if m.get("evaluated_from")),
             "metric_conventions": meta[0].get("metric_conventions"), "first": b, "hw": hw}
+
+
+_CHANCE_NOTE = (f" A cell is at chance when every seed's test accuracy is within {CHANCE_SE:g} binomial standard errors "
+                "of 1/classes: it learned nothing, so its pairs rank nothing.")
 
 
 def _fmt(v, std=None, n=None, unit=None) -> str:
@@ -367,7 +400,8 @@ def to_markdown(c: dict) -> str:
                      _fmt(r["paper_mean"], r["paper_std"], unit=r["unit"]),
                      _fmt(r["ours_mean"], r["ours_std"], r["ours_n"] or None, r["unit"]) +
                      (f" [{r['ours_nonfinite']} non-finite]" if r["ours_nonfinite"] else ""),
-                     _fmt(r.get("delta"), unit=r["unit"]), r["state"] + (" ⚑" if r["flags"] else "")]
+                     _fmt(r.get("delta"), unit=r["unit"]),
+                     r["state"] + (" · at chance" if r.get("at_chance") else "") + (" ⚑" if r["flags"] else "")]
             if c["scale"] == "paper":
                 cells.append(r.get("verdict", "–"))
             lines.append("| " + " | ".join(cells) + " |")
@@ -382,14 +416,17 @@ def to_markdown(c: dict) -> str:
     if c["direction"] and not c.get("ours_only"):
         agree = [d for d in c["direction"] if d["agree"] is not None]
         n_ok = sum(d["agree"] for d in agree)
-        ties = sum(1 for d in c["direction"] if d["agree"] is None and "tie" in (d["ours_better"], d["paper_better"]))
+        undecided = [d["undecided"] for d in c["direction"] if d.get("undecided")]
+        ties = sum(u.startswith("tie") for u in undecided)
         lines += ["", "## Direction: is the first method better than its base?", "",
                   f"Ours agrees with the paper on {n_ok} of {len(agree)} comparisons "
-                  f"(pending: {len(c['direction']) - len(agree) - ties}"
-                  + (f"; undecided, a tie on one side only: {ties}" if ties else "") + ").", "",
+                  f"(pending: {len(c['direction']) - len(agree) - len(undecided)}"
+                  + (f"; undecided, a tie on one side only: {ties}" if ties else "")
+                  + (f"; undecided, a cell of ours at chance: {len(undecided) - ties}" if len(undecided) > ties else "")
+                  + ")." + (_CHANCE_NOTE if len(undecided) > ties else ""), "",
                   "| method | vs | metric | paper | ours | agree |", "|---|---|---|---|---|---|"]
         for d in c["direction"]:
-            mark = {True: "yes", False: "**no**", None: "–"}[d["agree"]]
+            mark = {True: "yes", False: "**no**"}.get(d["agree"], f"– ({d['undecided']})" if d.get("undecided") else "–")
             lines.append(f"| `{d['cell']}` | `{d['vs']}` | {d['metric']} | {d['paper_better'] or '–'} "
                          f"({_fmt(d['paper'][0], unit=d.get('unit'))} vs {_fmt(d['paper'][1], unit=d.get('unit'))}) | "
                          f"{d['ours_better'] or '–'} ({_fmt(d['ours'][0], unit=d.get('unit'))} vs "
@@ -428,7 +465,8 @@ def _cells_markdown(table: list[dict], title: str, intro: str) -> list[str]:
     for cell in dict.fromkeys(r["cell"] for r in table):
         rs = [by[(cell, m)] for m in metrics]
         lines.append(f"| `{cell}` | " + " | ".join(_fmt(r["ours_mean"], r["ours_std"], r["ours_n"] or None, r["unit"])
-                                                  for r in rs) + f" | {rs[0]['state']} |")
+                                                  for r in rs)
+                     + f" | {rs[0]['state']}{' · at chance' if rs[0].get('at_chance') else ''} |")
     return lines
 
 
@@ -438,10 +476,13 @@ def _ours_only_markdown(c: dict) -> list[str]:
     lines = _cells_markdown(c["table"], "Our cells", "The paper's numbers for this table are lost (see the paper "
                             "file): there is no paper column, and our cells can only be ranked against each other.")
     if c["direction"]:
-        lines += ["", "## Pairs within our runs (no paper numbers to agree with)", "",
-                  "| method | vs | metric | ours better? | ours |", "|---|---|---|---|---|"]
+        lines += ["", "## Pairs within our runs (no paper numbers to agree with)", ""]
+        if any(d.get("undecided") for d in c["direction"]):
+            lines += ["Pairs marked 'at chance' rank nothing." + _CHANCE_NOTE, ""]
+        lines += ["| method | vs | metric | ours better? | ours |", "|---|---|---|---|---|"]
         for d in c["direction"]:
-            lines.append(f"| `{d['cell']}` | `{d['vs']}` | {d['metric']} | {d['ours_better'] or '–'} | "
+            better = (d["ours_better"] or "–") + (f" ({d['undecided']})" if d.get("undecided") else "")
+            lines.append(f"| `{d['cell']}` | `{d['vs']}` | {d['metric']} | {better} | "
                          f"{_fmt(d['ours'][0], unit=units[d['metric']])} vs "
                          f"{_fmt(d['ours'][1], unit=units[d['metric']])} |")
     return lines

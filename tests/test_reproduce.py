@@ -116,7 +116,7 @@ def _fake_run(out: Path, cell: str, seed: int, acc: float, nll: float, ece: floa
     d = out / cell / f"seed{seed}"
     d.mkdir(parents=True)
     if num_classes:  # as train.py writes it; the at-chance check reads model.num_classes from here
-        (d / "config_resolved.yaml").write_text(f"model:\n  name: resnet_cifar\n  num_classes: {num_classes}\n")
+        (d / "config_resolved.yaml").write_text(f"model:\n  num_classes: {num_classes}\n")
     metrics = {"accuracy": acc, "nll": nll, "ece": ece}
     if shift:
         metrics["shift"] = shift
@@ -428,33 +428,84 @@ def test_a_tie_on_one_side_is_undecided_not_a_disagreement(tmp_path):
 
 
 def test_a_cell_at_chance_ranks_nothing(tmp_path):
-    """FSAM T1 at cpu scale, ResNet-56: SAM 11.1 % and FSAM 10.0 % on 1,000 test images of 10 classes -- both
-    within 3 binomial standard errors of 1/10 (10 % + 2.85 %), i.e. networks that learned nothing. 'FSAM worse
-    than SAM' there is noise, so the pair is undecided; SAM (at chance) vs SGD (19.6 %) too. A cell where one seed
-    trained is not at chance; ResNet-20's trained cells are still compared."""
+    """FSAM T1's first cpu budget, ResNet-56 (now the second net's cells): SAM 11.1 % and FSAM 10.0 % on 1,000 test
+    images of 10 classes -- both within 3 binomial standard errors of 1/10 (10 % + 2.85 %), i.e. networks that
+    learned nothing. 'FSAM worse than SAM' there is noise, so the pair is undecided; SAM (at chance) vs SGD
+    (19.6 %) too. A cell where one seed trained is not at chance; ResNet-20's trained cells are still compared."""
     row = spec.load_row("fsam_t1")
     out = tmp_path / "out"
     for s in range(2):
-        _fake_run(out, "cifar10/resnet56/sgd", s, 0.196, 2.2, num_classes=10)
-        _fake_run(out, "cifar10/resnet56/sam", s, 0.111, 2.30, num_classes=10)
-        _fake_run(out, "cifar10/resnet56/fsam", s, 0.100, 2.30, num_classes=10)
+        _fake_run(out, "cifar10/wrn28x2/sgd", s, 0.196, 2.2, num_classes=10)
+        _fake_run(out, "cifar10/wrn28x2/sam", s, 0.111, 2.30, num_classes=10)
+        _fake_run(out, "cifar10/wrn28x2/fsam", s, 0.100, 2.30, num_classes=10)
         _fake_run(out, "cifar10/resnet20/sam", s, [0.129, 0.30][s], 2.0, num_classes=10)  # seed 1 trained
         _fake_run(out, "cifar10/resnet20/fsam", s, 0.25, 2.1, num_classes=10)
     c = compare.build(row, "cpu", out)
     cells = {r["cell"]: r["at_chance"] for r in c["table"] if r["metric"] == "accuracy"}
-    assert cells["cifar10/resnet56/sam"] and cells["cifar10/resnet56/fsam"]
-    assert not cells["cifar10/resnet56/sgd"] and not cells["cifar10/resnet20/sam"]
+    assert cells["cifar10/wrn28x2/sam"] and cells["cifar10/wrn28x2/fsam"]
+    assert not cells["cifar10/wrn28x2/sgd"] and not cells["cifar10/resnet20/sam"]
     d = {(x["cell"], x["metric"]): x for x in c["direction"]}
-    for pair in ("cifar10/resnet56/fsam", "cifar10/resnet56/sam"):
+    for pair in ("cifar10/wrn28x2/fsam", "cifar10/wrn28x2/sam"):
         assert d[(pair, "accuracy")]["agree"] is None and d[(pair, "accuracy")]["undecided"].startswith("at chance")
     assert d[("cifar10/resnet20/fsam", "accuracy")]["agree"] is True  # paper: FSAM > SAM; ours 25 > 21.45
     md = compare.to_markdown(c)
     assert "on 1 of 1 comparisons (pending: 1; undecided, a cell of ours at chance: 2)" in md
-    assert md.count("| 2/3 seeds · at chance |") == 2   # ResNet-56 SAM and FSAM; not SGD, not ResNet-20 SAM
+    assert md.count("| 2/3 seeds · at chance |") == 2   # the second net's SAM and FSAM; not SGD, not ResNet-20 SAM
     # the boundary: 1/10 + 3 sqrt(0.09 / 1000) = 12.85 %; 12.9 % is above it
     assert not compare._at_chance({"metrics": {"accuracy": 0.129}, "meta": {"budget": {"test_size": 1000}}},
-                                  out / "cifar10/resnet56/sam/seed0")
+                                  out / "cifar10/wrn28x2/sam/seed0")
     assert compare._at_chance({"metrics": {"accuracy": 0.128}, "meta": {"budget": {"test_size": 1000}}},
-                              out / "cifar10/resnet56/sam/seed0")
+                              out / "cifar10/wrn28x2/sam/seed0")
     # no config (K unknown): never at chance
     assert not compare._at_chance({"metrics": {"accuracy": 0.1}, "meta": {"budget": {"test_size": 1000}}}, tmp_path)
+
+
+def _run_with_config(out: Path, row, cell_id: str, seed: int, acc: float, change: list[str] = (), add: dict = None):
+    """A finished run whose config_resolved.yaml is what the spec composes for the cell (+ ``change``), as train.py
+    saves it, with the launcher's command line in meta.overrides."""
+    from omegaconf import OmegaConf
+
+    cell = next(c for c in row.cells_for("cpu") if c.id == cell_id)
+    extra = ["dataset.root=/data/cifar10_jpeg.tar.gz"]
+    cfg = launch.compose_cell(list(cell.overrides) + extra + list(change))
+    OmegaConf.update(cfg, "seed", seed, force_add=True)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    for k, v in (add or {}).items():
+        config.setdefault(k.split(".")[0], {})[k.split(".")[1]] = v
+    _fake_run(out, cell_id, seed, acc, 2.0)
+    d = out / cell_id / f"seed{seed}"
+    (d / "config_resolved.yaml").write_text(yaml.safe_dump(config))
+    res = json.loads((d / "results.json").read_text())
+    res["meta"]["overrides"] = [f"+cell={cell_id.replace('/', '__')}__s{seed}"] + extra
+    (d / "results.json").write_text(json.dumps(res))
+    return d
+
+
+def test_a_run_trained_with_another_config_than_the_spec_is_stale_not_compared(tmp_path, capsys):
+    """FSAM T4's cpu scale moved from ResNet-32 to ResNet-20: a finished ResNet-32 run (or its committed record)
+    left under the same cell id must not stand in for the ResNet-20 cell. It is listed as stale with the command
+    that reruns it, never archived, and the launcher says so; the spec's own config -- plus a key only the run has
+    (a default dropped since) -- is not stale."""
+    from flatbnn.reproduce import archive
+
+    row = spec.load_row("fsam_t4")
+    out, results = tmp_path / "out", tmp_path / "results"
+    _run_with_config(out, row, "n20/sgd", 0, 0.36, change=["model=resnet32"])
+    _run_with_config(out, row, "n20/sam", 0, 0.30, add={"trainer.dropped_key": 1})
+    cells = {c.id: c for c in row.cells_for("cpu")}
+    why = launch.stale_run(cells["n20/sgd"], 0, out / "n20/sgd/seed0")
+    assert why is not None and "model.depth: 32 -> 20" in why
+    assert launch.stale_run(cells["n20/sam"], 0, out / "n20/sam/seed0") is None
+    c = compare.build(row, "cpu", out, archive_root=results)
+    assert c["jobs"]["n20/sgd"]["0"] == "stale" and c["jobs"]["n20/sam"]["0"] == "done"
+    acc = {(r["cell"], r["metric"]): r for r in c["table"]}
+    assert acc[("n20/sgd", "accuracy")]["ours_n"] == 0 and acc[("n20/sam", "accuracy")]["ours_n"] == 1
+    assert "- STALE `n20/sgd/seed0` (left out): trained with another config than the spec's (model.depth: 32 -> 20" \
+        in compare.to_markdown(c)
+    assert "--cells 'n20/sgd' --seeds 0 --force" in c["stale"]["n20/sgd/seed0"]
+    compare.write_comparison(row, "cpu", out=out, dest=results / "fsam_t4")
+    assert archive.archived(results, "fsam_t4", "cpu", "n20/sam", 0) is not None
+    assert archive.archived(results, "fsam_t4", "cpu", "n20/sgd", 0) is None   # never recorded
+    launch.launch(row, "cpu", out=out, dry_run=True, seeds=[0], cells_glob="n20/s*")
+    assert "1 finished runs were trained with another config than the spec's now, e.g. n20/sgd/seed0" in \
+        capsys.readouterr().err

@@ -62,17 +62,18 @@ def archive_run(run: Path, dest: Path, reused_from: str | None = None) -> bool:
 
 def archive_row(row, scale: str, out: Path, root: Path | None = None) -> int:
     """Archive every finished job of ``row`` at ``scale`` found in ``out``; returns how many records changed.
-    A linked job (another row's run, see launch.reusable_runs) is archived with the link it was."""
+    A linked job (another row's run, see launch.reusable_runs) is archived with the link it was; a stale run (trained
+    with another config than the spec's now, launch.stale_run) is not: it must not replace a good record."""
     if scale not in SCALES or row.kind not in ("train", "eval"):  # a script row's outputs are its own files
         return 0
-    from flatbnn.reproduce.launch import run_dir
+    from flatbnn.reproduce.launch import checks_staleness, run_dir, stale_run
 
     root = Path(root or ARCHIVE_ROOT)
     n = 0
     for cell in row.cells_for(scale):
         for seed in cell.seeds:
             d = run_dir(out, cell.id, seed)
-            if not (d / "results.json").is_file():
+            if not (d / "results.json").is_file() or (checks_staleness(row, scale) and stale_run(cell, seed, d)):
                 continue
             reused = os.readlink(d) if d.is_symlink() else None
             n += archive_run(d, record_dir(root, row.row, scale, cell.id, seed), reused)

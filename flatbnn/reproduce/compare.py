@@ -66,6 +66,7 @@ def collect(row: Row, scale: str, out: Path | None = None, archive_root: Path | 
     ``archive_root`` -- by default results/reproduce when ``out`` is the default outputs dir; a caller naming
     another ``out`` (a test, a scratch sweep) reads no records unless it names ``archive_root`` too."""
     from flatbnn.reproduce.archive import ARCHIVE_ROOT, archived_detail, run_or_record
+    from flatbnn.reproduce.launch import checks_staleness, stale_detail, stale_run
 
     if archive_root is None and out is None:
         archive_root = ARCHIVE_ROOT
@@ -81,6 +82,8 @@ def collect(row: Row, scale: str, out: Path | None = None, archive_root: Path | 
             d = run_or_record(live, archive_root, row.row, scale, cell.id, seed)
             if d != live:  # the live run dir is gone (or unfinished): its committed record stands in
                 state, detail = "done", archived_detail(d)
+            if state == "done" and checks_staleness(row, scale) and (why := stale_run(cell, seed, d)):
+                state, detail = "stale", stale_detail(row, scale, cell.id, seed, why)
             if state == "done":
                 runs.append(json.loads((d / "results.json").read_text()))
                 chance.append(_at_chance(runs[-1], d))
@@ -215,6 +218,8 @@ def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | No
             "jobs": {cid: {str(s): st for s, (st, _) in c["states"].items()} for cid, c in ours["cells"].items()},
             "failed": {f"{cid}/seed{s}": d for cid, c in ours["cells"].items() for s, (st, d) in c["states"].items()
                        if st == "failed"},
+            "stale": {f"{cid}/seed{s}": d for cid, c in ours["cells"].items() for s, (st, d) in c["states"].items()
+                      if st == "stale"},
             "blocked": {cid: c["blocked"] for cid, c in ours["cells"].items() if c["blocked"]},
             "reused": {f"{cid}/seed{s}": d.split(": ", 1)[1] for cid, c in ours["cells"].items()
                        for s, (st, d) in c["states"].items() if st == "done" and d.startswith("reused: ")},
@@ -444,9 +449,10 @@ def to_markdown(c: dict) -> str:
     figs = c.get("figures") or []
     if figs:
         lines += ["", "## Our figures", ""] + [f"![{Path(f).stem}]({Path(f).name})" for f in figs]
-    if c["failed"] or c["blocked"]:
+    if c["failed"] or c["blocked"] or c.get("stale"):
         lines += ["", "## Not run", ""]
         lines += [f"- FAILED `{k}`: {v}" for k, v in c["failed"].items()]
+        lines += [f"- STALE `{k}` (left out): {v}" for k, v in (c.get("stale") or {}).items()]
         lines += [f"- blocked `{k}`: {v}" for k, v in c["blocked"].items()]
     if c["paper_notes"]:
         lines += ["", "<details><summary>Notes on the paper's table</summary>", ""]

@@ -10,6 +10,7 @@ same command after a preemption finishes the row.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -200,6 +201,54 @@ def reusable_runs(todo: list[tuple[Cell, int]], scale: str, out: Path,
     return found
 
 
+@functools.lru_cache(maxsize=512)
+def _spec_config_key(overrides: tuple[str, ...], seed: int) -> dict[str, str]:
+    from omegaconf import OmegaConf
+
+    from flatbnn.reproduce.aggregate import config_key
+
+    cfg = compose_cell(list(overrides))
+    OmegaConf.update(cfg, "seed", seed, force_add=True)
+    return config_key(OmegaConf.to_container(cfg, resolve=True))
+
+
+def stale_run(cell: Cell, seed: int, run: Path) -> str | None:
+    """How a finished run's training config differs from the one the spec composes NOW for (cell, seed) plus the
+    run's own command-line extras (data paths, device, ...), e.g. ``model.depth: 32 -> 20`` after a spec changed
+    the cell's network; None when they agree or the run saved no config. A key only one side has (a config
+    default added or dropped since) does not count; keys that never change a run (aggregate.IGNORED_KEYS: paths,
+    progress bars, device, labels) neither. Such a run -- or its committed record -- must not stand in for the
+    cell: the comparison lists it as stale and the launcher says how to rerun it."""
+    from flatbnn.reproduce.aggregate import config_key
+
+    cfg_file, res = Path(run) / "config_resolved.yaml", Path(run) / "results.json"
+    if not cfg_file.is_file() or not res.is_file():
+        return None
+    meta = json.loads(res.read_text()).get("meta") or {}
+    extra = tuple(o for o in meta.get("overrides") or [] if not o.startswith("+cell="))
+    try:
+        want = _spec_config_key(tuple(cell.overrides) + extra, seed)
+    except Exception as e:  # noqa: BLE001 -- any Hydra composition error says the same: not the spec's config
+        return f"its overrides no longer compose with the spec's: {' '.join(str(e).split())[:200]}"
+    ran = config_key(yaml.safe_load(cfg_file.read_text()) or {}, seed)
+    diff = sorted(k for k in ran.keys() & want.keys() if ran[k] != want[k])
+    if not diff:
+        return None
+    return ", ".join(f"{k}: {ran[k]} -> {want[k]}" for k in diff[:3]) + (f" (+{len(diff) - 3} more)" if len(diff) > 3
+                                                                        else "")
+
+
+def stale_detail(row: Row, scale: str, cell_id: str, seed: int, why: str) -> str:
+    return (f"trained with another config than the spec's ({why}); rerun: scripts/reproduce.py run {row.row} "
+            f"--scale {scale} --cells '{cell_id}' --seeds {seed} --force")
+
+
+def checks_staleness(row: Row, scale: str) -> bool:
+    """Stale runs are looked for in trained rows at cpu / paper scale (a smoke run is always fresh, and adds the
+    smoke scale's own overrides; an eval row's results are re-evaluations)."""
+    return row.kind == "train" and scale in ("cpu", "paper")
+
+
 def training_key(cfg, seed: int) -> tuple[str, str]:
     """(seed, config key) of a composed cell config: equal keys = the same training run."""
     from omegaconf import OmegaConf
@@ -286,6 +335,13 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
     cmd = multirun_command(search, [cell_config_name(c.id, s) for c, s in todo], out, list(extra), launcher)
     print(f"reproduce {row.row} ({scale}): {len(jobs)} jobs, {len(jobs) - len(todo) - len(reuse)} already done, "
           f"{len(reuse)} reused from other rows, {len(todo)} to run, {len(blocked)} cells blocked", file=sys.stderr)
+    if not force and checks_staleness(row, scale):
+        stale = [(f"{c.id}/seed{s}", why) for c, s in jobs if (c, s) not in todo and (c.id, s) not in reuse
+                 and (why := stale_run(c, s, run_dir(out, c.id, s)))]
+        if stale:  # finished, so not retrained -- but not the spec's run either
+            print(f"  {len(stale)} finished runs were trained with another config than the spec's now, e.g. "
+                  f"{stale[0][0]} ({stale[0][1]}): the comparison leaves them out; rerun them with --force "
+                  f"(--cells / --seeds to pick them)", file=sys.stderr)
     from flatbnn.reproduce.archive import archived
     recorded = [f"{c.id}/seed{s}" for c, s in todo if archived(None, row.row, scale, c.id, s)]
     if recorded:  # training them again is allowed (it reproduces them), but may not be what was meant

@@ -187,6 +187,14 @@ def test_status_board_lists_every_row_with_its_state(tmp_path, monkeypatch):
     assert "**failed**" in line and "1/2 jobs" in line and "1 failed" in line
     line1 = next(x for x in text.splitlines() if x.startswith("| `flatbnn_t1`"))
     assert "not run" in line1 and "no CIFAR-100" in line1
+    # a cpu comparison with a stale run and undecided pairs says both on the board
+    (tmp_path / "fsam_t4").mkdir()
+    (tmp_path / "fsam_t4" / "cpu.json").write_text(json.dumps(
+        {"jobs": {"n20/sgd": {"0": "stale"}, "n20/sam": {"0": "done"}}, "failed": {}, "blocked": {},
+         "stale": {"n20/sgd/seed0": "trained with another config"}, "budget": {"commits": ["abc"]},
+         "direction": [{"agree": True}, {"agree": None, "undecided": "at chance: n60/sam"}, {"agree": None}]}))
+    line4 = next(x for x in status.render().splitlines() if x.startswith("| `fsam_t4`"))
+    assert "**1 stale**" in line4 and "direction agrees 1/1 (1 undecided: a tie or a cell at chance)" in line4
 
 
 def test_cli_check_and_missing_row_are_one_line():

@@ -45,14 +45,18 @@ def _scale_state(row, scale: str) -> str:
         parts.append(f"**{failed} failed**")
     if blocked:
         parts.append(f"{blocked} cells blocked")
+    if c.get("stale"):
+        parts.append(f"**{len(c['stale'])} stale** (trained with another config than the spec's)")
     word = "passed" if total and done == total and not failed else ("**failed**" if failed else "partial")
     if scale == "smoke":
         return f"{word}: {', '.join(parts)} @ {commits}"
     agree = [d for d in c.get("direction") or [] if d.get("agree") is not None]
     verdicts = [r.get("verdict") for r in c.get("table") or [] if r.get("verdict") in ("within", "outside")]
     extra = ""
-    if agree and scale != "paper":
+    undecided = sum(1 for d in c.get("direction") or [] if d.get("undecided"))
+    if (agree or undecided) and scale != "paper":
         extra = f"; direction agrees {sum(d['agree'] for d in agree)}/{len(agree)}"
+        extra += f" ({undecided} undecided: a tie or a cell at chance)" if undecided else ""
     if verdicts:
         extra = f"; {verdicts.count('within')}/{len(verdicts)} cells within ±2σ"
     return f"{link}: {', '.join(parts)}{extra} @ {commits}"

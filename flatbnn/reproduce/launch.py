@@ -201,15 +201,20 @@ def reusable_runs(todo: list[tuple[Cell, int]], scale: str, out: Path,
     return found
 
 
-@functools.lru_cache(maxsize=512)
-def _spec_config_key(overrides: tuple[str, ...], seed: int) -> dict[str, str]:
+def _config_key_at_seed(cfg, seed: int) -> dict[str, str]:
+    """aggregate.config_key of a composed cell config run with ``seed`` (the seed and what derives from it drop out)."""
     from omegaconf import OmegaConf
 
     from flatbnn.reproduce.aggregate import config_key
 
-    cfg = compose_cell(list(overrides))
+    cfg = cfg.copy()
     OmegaConf.update(cfg, "seed", seed, force_add=True)
     return config_key(OmegaConf.to_container(cfg, resolve=True))
+
+
+@functools.lru_cache(maxsize=512)
+def _spec_config_key(overrides: tuple[str, ...], seed: int) -> dict[str, str]:
+    return _config_key_at_seed(compose_cell(list(overrides)), seed)
 
 
 def stale_run(cell: Cell, seed: int, run: Path) -> str | None:
@@ -251,13 +256,9 @@ def checks_staleness(row: Row, scale: str) -> bool:
 
 def training_key(cfg, seed: int) -> tuple[str, str]:
     """(seed, config key) of a composed cell config: equal keys = the same training run."""
-    from omegaconf import OmegaConf
+    from flatbnn.reproduce.aggregate import _canon
 
-    from flatbnn.reproduce.aggregate import _canon, config_key
-
-    cfg = cfg.copy()
-    OmegaConf.update(cfg, "seed", seed, force_add=True)
-    return _canon(seed), _canon(config_key(OmegaConf.to_container(cfg, resolve=True)))
+    return _canon(seed), _canon(_config_key_at_seed(cfg, seed))
 
 
 def link_reused(out: Path, cell_id: str, seed: int, source: Path) -> Path:

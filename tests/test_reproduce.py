@@ -363,6 +363,18 @@ def test_seeds_option_runs_a_part_of_the_seeds_and_refuses_unknown_ones(tmp_path
     assert e["returncode"] == 1 and len(e["jobs"]) == 7 and not (tmp_path / "t4").exists()
 
 
+def test_hydra_overrides_after_the_separator_reach_the_multirun_not_the_job_config(tmp_path):
+    # `reproduce.py run ROW -- hydra.launcher.n_jobs=1` used to die in compose() with a traceback
+    row = spec.load_row("bsam_t3")
+    s = launch.launch(row, "smoke", out=tmp_path / "t3", dry_run=True,
+                      extra=["hydra.launcher.n_jobs=1", "trainer.progress=false"])
+    assert s["command"][-2:] == ["hydra.launcher.n_jobs=1", "trainer.progress=false"]
+    cfg = launch.compose_cell(["model=mlp", "hydra.launcher.n_jobs=1", "+hydra.job.env_set.X=1"])
+    assert cfg.model.name == "mlp"
+    with pytest.raises(Exception, match="trainer.progres"):   # a job key is still checked
+        launch.compose_cell(["model=mlp", "trainer.progres=false"])
+
+
 def test_cells_the_paper_does_not_print_are_listed_apart_and_never_compared(tmp_path):
     row = spec.load_row("vsam_t3")   # mfvi: our extension, no paper number
     out = tmp_path / "out"

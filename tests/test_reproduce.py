@@ -5,6 +5,7 @@ the comparison computes deltas / verdicts / directions, and the status board ref
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -192,9 +193,11 @@ def test_status_board_lists_every_row_with_its_state(tmp_path, monkeypatch):
     (tmp_path / "fsam_t4" / "cpu.json").write_text(json.dumps(
         {"jobs": {"n20/sgd": {"0": "stale"}, "n20/sam": {"0": "done"}}, "failed": {}, "blocked": {},
          "stale": {"n20/sgd/seed0": "trained with another config"}, "budget": {"commits": ["abc"]},
-         "direction": [{"agree": True}, {"agree": None, "undecided": "at chance: n60/sam"}, {"agree": None}]}))
+         "direction": [{"agree": True, "beyond_noise": "no"}, {"agree": None, "undecided": "at chance: n60/sam",
+                                                               "beyond_noise": "yes"}, {"agree": None}]}))
     line4 = next(x for x in status.render().splitlines() if x.startswith("| `fsam_t4`"))
     assert "**1 stale**" in line4 and "direction agrees 1/1 (1 undecided: a tie or a cell at chance)" in line4
+    assert "1/2 pairs beyond seed noise" in line4
 
 
 def test_cli_check_and_missing_row_are_one_line():
@@ -347,6 +350,33 @@ def test_a_table_whose_paper_numbers_are_lost_lists_our_cells_and_ranks_its_pair
     md = compare.to_markdown(c)
     assert "## Our cells" in md and "| `cifar10/resnet20_frn/bsam` | 61.00 ± 1.00 (n=3) | 1.1000 ± 0.0000 (n=3)" in md
     assert "agrees with the paper" not in md
+
+
+def test_a_pair_is_beyond_seed_noise_only_past_two_standard_errors_of_the_difference(tmp_path):
+    def cell(m, sd, n):
+        return {"ours_mean": m, "ours_std": sd, "ours_n": n}
+    # 2 sqrt(0.09/3 + 0.09/3) = 0.490: a difference of 0.4 is inside, 0.6 outside (2 sd without the 1/n: 0.85)
+    assert compare._separated(cell(1.0, 0.3, 3), cell(0.6, 0.3, 3)) == ("no", pytest.approx(math.sqrt(0.06)))
+    assert compare._separated(cell(1.2, 0.3, 3), cell(0.6, 0.3, 3))[0] == "yes"
+    assert compare._separated(cell(0.6, 0.3, 3), cell(1.2, 0.3, 3))[0] == "yes"     # either sign
+    assert compare._separated(cell(1.2, None, 1), cell(0.6, 0.3, 3)) == (None, None)  # one seed: no spread
+    # through a comparison: seeds (61, 60, 59) vs (60.5, 60.5, 60.5) % -> inside; NLL 1.1 vs 1.2 flat -> beyond
+    row = spec.load_row("bsam_t1")
+    out = tmp_path / "out"
+    for s in range(3):
+        _fake_run(out, "cifar10/resnet20_frn/bsam", s, 0.61 - s / 100, 1.1, ece=0.02)
+        _fake_run(out, "cifar10/resnet20_frn/sam_sgd", s, 0.605, 1.2, ece=0.01)
+    _fake_run(out, "cifar10/resnet20_frn/sgd", 0, 0.50, 1.5)
+    c = compare.build(row, "cpu", out)
+    d = {(x["cell"], x["vs"].rsplit("/", 1)[1], x["metric"]): x for x in c["direction"]}
+    assert d[("cifar10/resnet20_frn/bsam", "sam_sgd", "accuracy")]["ours_better"] == "no"
+    assert d[("cifar10/resnet20_frn/bsam", "sam_sgd", "accuracy")]["beyond_noise"] == "no"
+    assert d[("cifar10/resnet20_frn/bsam", "sam_sgd", "nll")]["beyond_noise"] == "yes"
+    assert d[("cifar10/resnet20_frn/sam_sgd", "sgd", "accuracy")]["beyond_noise"] is None   # sgd: one seed
+    md = compare.to_markdown(c)
+    assert "Beyond seed noise" in md and "| 60.00 vs 60.50 | no |" in md
+    judged = [x for x in c["direction"] if x["beyond_noise"]]
+    assert f"{sum(x['beyond_noise'] == 'yes' for x in judged)} of {len(judged)} pairs" in md
 
 
 def test_seeds_option_runs_a_part_of_the_seeds_and_refuses_unknown_ones(tmp_path, monkeypatch):

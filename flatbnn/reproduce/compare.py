@@ -4,7 +4,8 @@ At ``paper`` scale each cell gets a verdict: within the paper's reported spread 
 s_o^2), the seed std of each side) or not; a cell without a printed spread gets none. Below paper scale absolute
 numbers are not comparable (smaller data, net and budget), so only the DIRECTION is checked: for each pair of the
 spec's ``compare.pairs`` (e.g. F-SWAG vs SWAG), is the first better than the second on each metric -- in the paper
-and in ours. Can be rerun at any time on partial results: finished cells are shown, the rest marked.
+and in ours, and is our difference beyond seed noise (> 2 standard errors of the difference of the seed means; a
+direction inside the noise is a coin flip, whichever way it points). Can be rerun at any time on partial results: finished cells are shown, the rest marked.
 """
 
 from __future__ import annotations
@@ -263,6 +264,18 @@ def _verdict(rec: dict) -> str:
     return "within" if abs(rec["delta"]) <= spread else "outside"
 
 
+def _separated(r: dict, b: dict) -> tuple[str | None, float | None]:
+    """Is our difference of two cells' seed means beyond seed noise: |m_r - m_b| > 2 sqrt(s_r^2/n_r + s_b^2/n_b)
+    (two standard errors of the difference, unpaired, so conservative for cells that share seeds)? ``None`` with
+    fewer than 2 finite seeds on either side, where there is no spread to judge by."""
+    if None in (r.get("ours_mean"), b.get("ours_mean"), r.get("ours_std"), b.get("ours_std")):
+        return None, None
+    if min(r.get("ours_n") or 0, b.get("ours_n") or 0) < 2:
+        return None, None
+    se = math.sqrt(r["ours_std"] ** 2 / r["ours_n"] + b["ours_std"] ** 2 / b["ours_n"])
+    return ("yes" if abs(r["ours_mean"] - b["ours_mean"]) > 2.0 * se else "no"), se
+
+
 def _directions(row: Row, table: list[dict]) -> list[dict]:
     """F-vs-base direction per pair and metric, in the paper and in ours."""
     pairs = (row.compare or {}).get("pairs") or {}
@@ -300,7 +313,7 @@ def _directions(row: Row, table: list[dict]) -> list[dict]:
         out.append({"cell": r["cell"], "vs": "/".join(base_parts), "metric": r["metric"], "unit": r.get("unit"),
                     "paper_better": paper, "ours_better": ours,
                     "agree": None if undecided or ours is None or paper is None else ours == paper,
-                    "undecided": undecided,
+                    "undecided": undecided, "beyond_noise": _separated(r, b)[0], "diff_se": _separated(r, b)[1],
                     "ours": (r["ours_mean"], b["ours_mean"]), "paper": (r["paper_mean"], b["paper_mean"])})
     return out
 
@@ -333,6 +346,15 @@ def _budget(row: Row, scale: str, runs: list[dict]) -> dict:
 
 _CHANCE_NOTE = (f" A cell is at chance when every seed's test accuracy is within {CHANCE_SE:g} binomial standard errors "
                 "of 1/classes: it learned nothing, so its pairs rank nothing.")
+
+
+def _noise_sentence(direction: list[dict]) -> str:
+    judged = [d for d in direction if d.get("beyond_noise")]
+    n_sep = sum(d["beyond_noise"] == "yes" for d in judged)
+    return (f"Beyond seed noise (our difference > 2 standard errors of the difference of the seed means, "
+            f"sqrt(s1^2/n1 + s2^2/n2); needs 2+ seeds per cell): {n_sep} of {len(judged)} pairs"
+            + (f"; {len(direction) - len(judged)} not judged (fewer than 2 seeds)" if len(judged) < len(direction)
+               else "") + ". A direction within seed noise is a coin flip at this budget, agree or not.")
 
 
 def _fmt(v, std=None, n=None, unit=None) -> str:
@@ -428,14 +450,15 @@ def to_markdown(c: dict) -> str:
                   f"(pending: {len(c['direction']) - len(agree) - len(undecided)}"
                   + (f"; undecided, a tie on one side only: {ties}" if ties else "")
                   + (f"; undecided, a cell of ours at chance: {len(undecided) - ties}" if len(undecided) > ties else "")
-                  + ")." + (_CHANCE_NOTE if len(undecided) > ties else ""), "",
-                  "| method | vs | metric | paper | ours | agree |", "|---|---|---|---|---|---|"]
+                  + ")." + (_CHANCE_NOTE if len(undecided) > ties else ""), _noise_sentence(c["direction"]), "",
+                  "| method | vs | metric | paper | ours | agree | ours beyond seed noise? |",
+                  "|---|---|---|---|---|---|---|"]
         for d in c["direction"]:
             mark = {True: "yes", False: "**no**"}.get(d["agree"], f"– ({d['undecided']})" if d.get("undecided") else "–")
             lines.append(f"| `{d['cell']}` | `{d['vs']}` | {d['metric']} | {d['paper_better'] or '–'} "
                          f"({_fmt(d['paper'][0], unit=d.get('unit'))} vs {_fmt(d['paper'][1], unit=d.get('unit'))}) | "
                          f"{d['ours_better'] or '–'} ({_fmt(d['ours'][0], unit=d.get('unit'))} vs "
-                         f"{_fmt(d['ours'][1], unit=d.get('unit'))}) | {mark} |")
+                         f"{_fmt(d['ours'][1], unit=d.get('unit'))}) | {mark} | {d.get('beyond_noise') or '–'} |")
     for name, text in (c.get("included") or {}).items():  # the script's own report (e.g. derived ratios)
         body = text.splitlines()
         if body and body[0].startswith("# "):
@@ -485,12 +508,13 @@ def _ours_only_markdown(c: dict) -> list[str]:
         lines += ["", "## Pairs within our runs (no paper numbers to agree with)", ""]
         if any(d.get("undecided") for d in c["direction"]):
             lines += ["Pairs marked 'at chance' rank nothing." + _CHANCE_NOTE, ""]
-        lines += ["| method | vs | metric | ours better? | ours |", "|---|---|---|---|---|"]
+        lines += [_noise_sentence(c["direction"]), "",
+                  "| method | vs | metric | ours better? | ours | beyond seed noise? |", "|---|---|---|---|---|---|"]
         for d in c["direction"]:
             better = (d["ours_better"] or "–") + (f" ({d['undecided']})" if d.get("undecided") else "")
             lines.append(f"| `{d['cell']}` | `{d['vs']}` | {d['metric']} | {better} | "
                          f"{_fmt(d['ours'][0], unit=units[d['metric']])} vs "
-                         f"{_fmt(d['ours'][1], unit=units[d['metric']])} |")
+                         f"{_fmt(d['ours'][1], unit=units[d['metric']])} | {d.get('beyond_noise') or '–'} |")
     return lines
 
 

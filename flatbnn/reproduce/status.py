@@ -57,6 +57,9 @@ def _scale_state(row, scale: str) -> str:
     if (agree or undecided) and scale != "paper":
         extra = f"; direction agrees {sum(d['agree'] for d in agree)}/{len(agree)}"
         extra += f" ({undecided} undecided: a tie or a cell at chance)" if undecided else ""
+    judged = [d["beyond_noise"] for d in c.get("direction") or [] if d.get("beyond_noise")]
+    if judged and scale != "paper":
+        extra += f"; {judged.count('yes')}/{len(judged)} pairs beyond seed noise"
     if verdicts:
         extra = f"; {verdicts.count('within')}/{len(verdicts)} cells within ±2σ"
     return f"{link}: {', '.join(parts)}{extra} @ {commits}"

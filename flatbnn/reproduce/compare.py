@@ -450,7 +450,7 @@ def to_markdown(c: dict) -> str:
                   f"(pending: {len(c['direction']) - len(agree) - len(undecided)}"
                   + (f"; undecided, a tie on one side only: {ties}" if ties else "")
                   + (f"; undecided, a cell of ours at chance: {len(undecided) - ties}" if len(undecided) > ties else "")
-                  + ")." + (_CHANCE_NOTE if len(undecided) > ties else ""), _noise_sentence(c["direction"]), "",
+                  + ")." + (_CHANCE_NOTE if len(undecided) > ties else ""), "", _noise_sentence(c["direction"]), "",
                   "| method | vs | metric | paper | ours | agree | ours beyond seed noise? |",
                   "|---|---|---|---|---|---|---|"]
         for d in c["direction"]:

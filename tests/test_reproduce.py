@@ -360,6 +360,14 @@ def test_a_pair_is_beyond_seed_noise_only_past_two_standard_errors_of_the_differ
     assert compare._separated(cell(1.2, 0.3, 3), cell(0.6, 0.3, 3))[0] == "yes"
     assert compare._separated(cell(0.6, 0.3, 3), cell(1.2, 0.3, 3))[0] == "yes"     # either sign
     assert compare._separated(cell(1.2, None, 1), cell(0.6, 0.3, 3)) == (None, None)  # one seed: no spread
+    # cells with common seeds are paired: a seed's shift shared by both cells cancels. Unpaired, (60, 62, 64) vs
+    # (59.1, 60.9, 63.0) is inside the noise (2 sqrt(4/3 + 3.61/3) = 3.2 > 1.0); paired, d = (0.9, 1.1, 1.0) is not
+    a = {**cell(62.0, 2.0, 3), "ours_by_seed": {"0": 60.0, "1": 62.0, "2": 64.0}}
+    b = {**cell(61.0, 1.9, 3), "ours_by_seed": {"0": 59.1, "1": 60.9, "2": 63.0}}
+    assert compare._separated(a, b) == ("yes", pytest.approx(0.1 / math.sqrt(3)))
+    assert compare._separated({**a, "ours_by_seed": {}}, b)[0] == "no"
+    b_flip = {**b, "ours_by_seed": {"0": 61.0, "1": 60.9, "2": 61.1}}   # d = (-1, 1.1, 2.9): sd 1.95 -> inside
+    assert compare._separated(a, b_flip)[0] == "no"
     # through a comparison: seeds (61, 60, 59) vs (60.5, 60.5, 60.5) % -> inside; NLL 1.1 vs 1.2 flat -> beyond
     row = spec.load_row("bsam_t1")
     out = tmp_path / "out"

@@ -4,7 +4,7 @@ At ``paper`` scale each cell gets a verdict: within the paper's reported spread 
 s_o^2), the seed std of each side) or not; a cell without a printed spread gets none. Below paper scale absolute
 numbers are not comparable (smaller data, net and budget), so only the DIRECTION is checked: for each pair of the
 spec's ``compare.pairs`` (e.g. F-SWAG vs SWAG), is the first better than the second on each metric -- in the paper
-and in ours, and is our difference beyond seed noise (> 2 standard errors of the difference of the seed means; a
+and in ours, and is our difference beyond seed noise (> 2 standard errors of it, paired over shared seeds; a
 direction inside the noise is a coin flip, whichever way it points). Can be rerun at any time on partial results: finished cells are shown, the rest marked.
 """
 
@@ -158,6 +158,12 @@ def _paper_to_ours(row: Row, paper_cell: str, metric: str, scale: str = "paper")
     return ours, (f"{prefix}.{path}" if prefix else path)
 
 
+def _by_seed(runs: list[dict], values: list) -> dict:
+    """{seed: value} of the finite values (for the paired seed-noise test of two cells that share seeds)."""
+    return {str(r["meta"]["seed"]): v for r, v in zip(runs, values)
+            if _finite(v) and (r.get("meta") or {}).get("seed") is not None}
+
+
 def _stats(values: list) -> dict:
     finite = [v for v in values if _finite(v)]
     n_bad = len(values) - len(finite)
@@ -185,6 +191,7 @@ def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | No
             rec = {"cell": pc["cell"], "our_cell": our_cell, "metric": metric, "unit": spec.get("unit"),
                    "better": spec.get("better"), "paper_mean": printed.get("mean"), "paper_std": printed.get("std"),
                    **{f"ours_{k}": v for k, v in st.items()}, "flags": pc.get("flags") or [],
+                   "ours_by_seed": _by_seed((entry or {}).get("runs", []), values),
                    "at_chance": bool(entry and entry["at_chance"])}
             if entry is None:
                 rec["state"] = NOT_AT_SCALE
@@ -253,6 +260,7 @@ def _ours_table(ours: dict, metrics: dict) -> list[dict]:
             table.append({"cell": cid, "our_cell": cid, "metric": metric, "unit": spec.get("unit"),
                           "better": spec.get("better"), "paper_mean": None, "paper_std": None,
                           **{f"ours_{k}": v for k, v in st.items()}, "flags": [], "state": state,
+                          "ours_by_seed": _by_seed(entry["runs"], values),
                           "at_chance": entry["at_chance"]})
     return table
 
@@ -265,9 +273,16 @@ def _verdict(rec: dict) -> str:
 
 
 def _separated(r: dict, b: dict) -> tuple[str | None, float | None]:
-    """Is our difference of two cells' seed means beyond seed noise: |m_r - m_b| > 2 sqrt(s_r^2/n_r + s_b^2/n_b)
-    (two standard errors of the difference, unpaired, so conservative for cells that share seeds)? ``None`` with
-    fewer than 2 finite seeds on either side, where there is no spread to judge by."""
+    """Is our difference of two cells beyond seed noise: more than two standard errors of the difference? Paired
+    when both cells have 2+ seeds in common (a seed fixes init and data order, and an eval row's cells share the
+    trained run): the mean of the per-seed differences against sd(d)/sqrt(n); otherwise unpaired, |m_r - m_b|
+    against sqrt(s_r^2/n_r + s_b^2/n_b). ``None`` with fewer than 2 finite seeds on either side."""
+    xr, xb = r.get("ours_by_seed") or {}, b.get("ours_by_seed") or {}
+    common = sorted(set(xr) & set(xb))
+    if len(common) >= 2:
+        d = [xr[k] - xb[k] for k in common]
+        se = statistics.stdev(d) / math.sqrt(len(d))
+        return ("yes" if abs(statistics.fmean(d)) > 2.0 * se else "no"), se
     if None in (r.get("ours_mean"), b.get("ours_mean"), r.get("ours_std"), b.get("ours_std")):
         return None, None
     if min(r.get("ours_n") or 0, b.get("ours_n") or 0) < 2:
@@ -351,8 +366,9 @@ _CHANCE_NOTE = (f" A cell is at chance when every seed's test accuracy is within
 def _noise_sentence(direction: list[dict]) -> str:
     judged = [d for d in direction if d.get("beyond_noise")]
     n_sep = sum(d["beyond_noise"] == "yes" for d in judged)
-    return (f"Beyond seed noise (our difference > 2 standard errors of the difference of the seed means, "
-            f"sqrt(s1^2/n1 + s2^2/n2); needs 2+ seeds per cell): {n_sep} of {len(judged)} pairs"
+    return (f"Beyond seed noise (our difference > 2 standard errors of it: paired over the seeds both cells have, "
+            f"sd(per-seed differences)/sqrt(n), else sqrt(s1^2/n1 + s2^2/n2); needs 2+ seeds): {n_sep} of "
+            f"{len(judged)} pairs"
             + (f"; {len(direction) - len(judged)} not judged (fewer than 2 seeds)" if len(judged) < len(direction)
                else "") + ". A direction within seed noise is a coin flip at this budget, agree or not.")
 

@@ -5,7 +5,8 @@ s_o^2), the seed std of each side) or not; a cell without a printed spread gets 
 numbers are not comparable (smaller data, net and budget), so only the DIRECTION is checked: for each pair of the
 spec's ``compare.pairs`` (e.g. F-SWAG vs SWAG), is the first better than the second on each metric -- in the paper
 and in ours, and is our difference beyond seed noise (> 2 standard errors of it, paired over shared seeds; a
-direction inside the noise is a coin flip, whichever way it points). Can be rerun at any time on partial results: finished cells are shown, the rest marked.
+direction inside the noise is a coin flip, whichever way it points). Can be rerun at any time on partial results:
+finished cells are shown, the rest marked.
 """
 
 from __future__ import annotations
@@ -276,16 +277,15 @@ def _separated(r: dict, b: dict) -> tuple[str | None, float | None]:
     """Is our difference of two cells beyond seed noise: more than two standard errors of the difference? Paired
     when both cells have 2+ seeds in common (a seed fixes init and data order, and an eval row's cells share the
     trained run): the mean of the per-seed differences against sd(d)/sqrt(n); otherwise unpaired, |m_r - m_b|
-    against sqrt(s_r^2/n_r + s_b^2/n_b). ``None`` with fewer than 2 finite seeds on either side."""
+    against sqrt(s_r^2/n_r + s_b^2/n_b). ``None`` with fewer than 2 finite seeds on either side (``_stats`` gives
+    no std there)."""
     xr, xb = r.get("ours_by_seed") or {}, b.get("ours_by_seed") or {}
     common = sorted(set(xr) & set(xb))
     if len(common) >= 2:
         d = [xr[k] - xb[k] for k in common]
         se = statistics.stdev(d) / math.sqrt(len(d))
         return ("yes" if abs(statistics.fmean(d)) > 2.0 * se else "no"), se
-    if None in (r.get("ours_mean"), b.get("ours_mean"), r.get("ours_std"), b.get("ours_std")):
-        return None, None
-    if min(r.get("ours_n") or 0, b.get("ours_n") or 0) < 2:
+    if r.get("ours_std") is None or b.get("ours_std") is None:
         return None, None
     se = math.sqrt(r["ours_std"] ** 2 / r["ours_n"] + b["ours_std"] ** 2 / b["ours_n"])
     return ("yes" if abs(r["ours_mean"] - b["ours_mean"]) > 2.0 * se else "no"), se
@@ -325,10 +325,11 @@ def _directions(row: Row, table: list[dict]) -> list[dict]:
         undecided = (f"at chance: {', '.join(chance)}" if chance and ours is not None
                      else "tie on one side only" if None not in (ours, paper) and (ours == "tie") != (paper == "tie")
                      else None)
+        beyond_noise, diff_se = _separated(r, b)
         out.append({"cell": r["cell"], "vs": "/".join(base_parts), "metric": r["metric"], "unit": r.get("unit"),
                     "paper_better": paper, "ours_better": ours,
                     "agree": None if undecided or ours is None or paper is None else ours == paper,
-                    "undecided": undecided, "beyond_noise": _separated(r, b)[0], "diff_se": _separated(r, b)[1],
+                    "undecided": undecided, "beyond_noise": beyond_noise, "diff_se": diff_se,
                     "ours": (r["ours_mean"], b["ours_mean"]), "paper": (r["paper_mean"], b["paper_mean"])})
     return out
 

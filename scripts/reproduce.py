@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -72,9 +73,10 @@ def _run_rows_in_parallel(names: list[str], args, extra: list[str]) -> list[int]
         (["--no-compare"] if args.no_compare else [])
 
     def one(name: str) -> int:
+        t0 = time.monotonic()
         p = subprocess.run([sys.executable, __file__, "run", name, *flags, "--", *extra],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        sys.stderr.write(f"===== {name} (exit {p.returncode})\n{p.stdout}")
+        sys.stderr.write(f"===== {name} (exit {p.returncode}, {time.monotonic() - t0:.0f} s)\n{p.stdout}")
         sys.stderr.flush()
         return p.returncode
 

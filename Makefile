@@ -24,11 +24,14 @@ demo: setup
 		trainer.progress=false hydra.sweep.dir=$(DEMO_DIR)
 	$(PY) scripts/aggregate.py $(DEMO_DIR)
 
+# min(cores, 4) pytest-xdist workers (each holds ~1-2 GB); worksteal: the test durations are very uneven
+# (0.01 s to ~5 min). One test, serially: $(PY) -m pytest tests/test_x.py
+PYTEST_PAR ?= -n auto --maxprocesses 4 --dist worksteal
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_PAR)
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q $(PYTEST_PAR) -m "not slow"
 
 # images/s of method x flatness side by side (interleaved rounds) -> results/bench/<device>-<date>.json + .md;
 #   make bench BENCH_ARGS="--precision bf16 --channels-last --model wrn28x10 --reference"   (on a GPU)

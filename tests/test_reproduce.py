@@ -260,6 +260,23 @@ def test_smoke_drops_checkpoints_only_of_finished_jobs_of_rows_nothing_reads(tmp
     assert launch.job_state(tmp_path, cell.id, 1)[0] == "interrupted"
 
 
+def test_smoke_runs_the_imagenet_convnets_at_64_px_and_fixed_size_nets_at_their_own():
+    """The 224-px ImageNet ResNet-152 / DenseNet-161 smoke cells were half the CI smoke stage: they step at 64 px
+    (their global pooling takes any size; data served resized, input_shape follows). A ViT's patch grid is fixed
+    at 224, so its cells keep their size."""
+    import torch
+    from hydra.utils import instantiate
+
+    cell = next(c for c in spec.load_row("flatbnn_t4").cells_for("smoke") if c.id == "resnet152/swag")
+    ov = launch.smoke_overrides(launch.compose_cell(list(cell.overrides)), {})
+    assert "dataset.image_size=64" in ov and "dataset.input_shape=[3,64,64]" in ov
+    model = instantiate(launch.compose_cell(list(cell.overrides) + ov).model)
+    assert model(torch.zeros(2, 3, 64, 64)).shape == (2, 1000)
+    for c in spec.load_row("fsam_t3").cells_for("smoke"):
+        assert not any(o.startswith("dataset.image_size") for o in launch.smoke_overrides(
+            launch.compose_cell(list(c.overrides)), {})), c.id
+
+
 def _finished_like(out_root: Path, row: spec.Row, cell_id: str, seed: int, extra=()) -> Path:
     """A finished run of ``row``'s cell as train.py leaves it: config_resolved.yaml (the composed cell config,
     resolved) + results.json -- without training it."""

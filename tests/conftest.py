@@ -9,8 +9,8 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # one thread per pytest-xdist worker (make test runs one worker per core): torch's default of one thread
-    # per core in every worker oversubscribes the cores, and OpenMP threads spin while they wait
+    # one thread per pytest-xdist worker (make test: min(cores, 4) workers): torch's default of one thread per
+    # core in every worker oversubscribes the cores, and OpenMP threads spin while they wait
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
 

@@ -43,7 +43,7 @@ def _run_row(name: str, args, extra: list[str]) -> int:
         rc = row_scripts.run_script_row(row, args.scale, dry_run=args.dry_run)
     else:
         if args.scale != "smoke" and not args.dry_run and row.kind == "train":
-            preflight.check_data(row, args.scale, extra)
+            preflight.check_data(row, args.scale, extra, cells_glob=args.cells)
         if row.kind == "eval":
             summary = launch.launch_eval(row, args.scale, out=args.out, extra=extra, force=args.force,
                                          dry_run=args.dry_run, cells_glob=args.cells, seeds=args.seeds)

@@ -240,6 +240,19 @@ def test_no_spec_pins_a_data_path_of_one_machine():
     assert not bad, bad[:5]
 
 
+def test_data_preflight_checks_only_the_cells_selected(tmp_path):
+    """HWA Fig 1 mixes MNIST and CIFAR-10 cells, each run with its own ``dataset.root``: ``--cells 'mnist/*'``
+    must not fail on the CIFAR-10 cells' data (it did: the preflight built every cell's data set)."""
+    from flatbnn.reproduce.preflight import check_data
+
+    row = spec.load_row("hwa_fig1")
+    assert {c.id.split("/")[0] for c in row.cells_for("cpu")} == {"cifar10", "mnist"}
+    for glob, wanted, other in (("mnist/*", "MNIST", "CIFAR"), ("cifar10/*", "CIFAR", "MNIST")):
+        with pytest.raises(FileNotFoundError) as e:
+            check_data(row, "cpu", [f"dataset.root={tmp_path}"], cells_glob=glob)
+        assert wanted in str(e.value) and other not in str(e.value), str(e.value)
+
+
 def test_smoke_drops_checkpoints_only_of_finished_jobs_of_rows_nothing_reads(tmp_path):
     """A smoke pass of every row wrote ~16 GB (ImageNet SWAG checkpoints): rows no eval row or analysis script
     reads lose their finished jobs' checkpoints; an interrupted job keeps its checkpoint to resume."""

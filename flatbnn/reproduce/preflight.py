@@ -36,15 +36,17 @@ def _eval_base(row: Row, scale: str, cell_id: str) -> list[str]:
     return next((c.overrides for c in src.cells_for(scale) if c.id == wanted), [])
 
 
-def check_data(row: Row, scale: str, extra: list[str]) -> None:
+def check_data(row: Row, scale: str, extra: list[str], cells_glob: str | None = None) -> None:
     """Build each distinct data set the row's cells use (once): a missing data set raises the data module's own
-    one-line FileNotFoundError (which data, which key) before any job starts."""
+    one-line FileNotFoundError (which data, which key) before any job starts. Only the cells ``--cells`` selects
+    are checked: a row mixing data sets (HWA Fig 1: MNIST and CIFAR-10) is run one data root at a time."""
+    from hydra.errors import InstantiationException
     from hydra.utils import instantiate
 
     check_files(row, scale, extra)
     seen = set()
     for cell in row.cells_for(scale):
-        if cell.blocked:
+        if cell.blocked or (cells_glob is not None and not fnmatch.fnmatchcase(cell.id, cells_glob)):
             continue
         cfg = compose_cell(cell.overrides + list(extra))
         key = (cfg.dataset.name, str(cfg.dataset.get("root")), str(cfg.dataset.get("shift_root")))
@@ -52,7 +54,10 @@ def check_data(row: Row, scale: str, extra: list[str]) -> None:
             continue
         seen.add(key)
         try:
-            instantiate(cfg.dataset)
+            try:
+                instantiate(cfg.dataset)
+            except InstantiationException as e:  # hydra wraps the data module's error: unwrap the one line
+                raise (e.__cause__ if isinstance(e.__cause__, FileNotFoundError) else e) from None
         except FileNotFoundError as e:
             raise FileNotFoundError(f"{row.row} ({scale}) needs data set {cfg.dataset.name}: "
                                     f"{' '.join(str(e).split())} -- pass it after '--', e.g. "

@@ -285,9 +285,27 @@ def test_smoke_runs_the_imagenet_convnets_at_64_px_and_fixed_size_nets_at_their_
     assert "dataset.image_size=64" in ov and "dataset.input_shape=[3,64,64]" in ov
     model = instantiate(launch.compose_cell(list(cell.overrides) + ov).model)
     assert model(torch.zeros(2, 3, 64, 64)).shape == (2, 1000)
+    # ... at one block per stage: torchvision's ResNet with ResNet-152's widths (its 2048-wide last stage)
+    assert [len(getattr(model, f"layer{i}")) for i in range(1, 5)] == [1, 1, 1, 1]
+    assert model.fc.in_features == 2048 and sum(p.numel() for p in model.parameters()) < 11_000_000  # full: 60.2M
     for c in spec.load_row("fsam_t3").cells_for("smoke"):
         assert not any(o.startswith("dataset.image_size") for o in launch.smoke_overrides(
             launch.compose_cell(list(c.overrides)), {})), c.id
+
+
+def test_stage_blocks_is_refused_with_pretrained_weights_and_keeps_the_named_nets_widths(tmp_path):
+    """``stage_blocks`` (smoke runs) changes only the block counts: DenseNet-161's growth 48 / 96 stem features
+    stay; weights of the full-depth net would not fit, so the two together are an error, not a partial load."""
+    from flatbnn.models import create_model
+
+    net = create_model("densenet161", num_classes=10, input_shape=[3, 64, 64], stage_blocks=[1, 1, 1, 1])
+    assert net.features.conv0.out_channels == 96 and net.features.denseblock1.denselayer1.conv2.out_channels == 48
+    assert len(net.features.denseblock3) == 1
+    weights = tmp_path / "w.pt"
+    weights.write_bytes(b"x")
+    with pytest.raises(ValueError, match="stage_blocks"):
+        create_model("resnet152", num_classes=10, pretrained_path=str(weights), stage_blocks=[1, 1, 1, 1])
+    assert len(create_model("resnet152", num_classes=10).layer3) == 36  # unset: the named net
 
 
 def _finished_like(out_root: Path, row: spec.Row, cell_id: str, seed: int, extra=()) -> Path:

@@ -14,6 +14,10 @@ called with ``weights=None`` (random init, nothing downloaded) and ``num_classes
 
 Inputs: 3 channels, any size >= 32 (adaptive pooling); the papers use 3x224x224.
 DenseNet-161: 28,681,000 parameters, ResNet-152: 60,192,808 (1000 classes), as torchvision documents.
+* ``stage_blocks``: blocks per stage other than the named net's (ResNet-152: 3-8-36-3, DenseNet-161:
+  6-12-36-24), same torchvision class, widths and key names. Only for smoke runs (scripts/reproduce.py
+  ``--scale smoke`` sets 1-1-1-1): a full-depth step costs a minute on 2 CPU cores and checks nothing the
+  shallow one does not. Refused together with pretrained weights (they would not fit).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from collections.abc import Callable, Sequence
 
 import torchvision
 from torch import nn
+from torchvision.models.densenet import DenseNet
+from torchvision.models.resnet import Bottleneck, ResNet
 
 from . import register_model
 from ._common import check_file, load_pretrained_
@@ -33,6 +39,7 @@ def _build(
     input_shape: Sequence[int] | None,
     pretrained_path: str | None,
     pretrained: bool,
+    stage_blocks: Sequence[int] | None = None,
 ) -> nn.Module:
     if input_shape is not None and (len(input_shape) != 3 or int(input_shape[0]) != 3):
         raise ValueError(f"{name} takes 3-channel (3, H, W) images, got {tuple(input_shape)}")
@@ -40,6 +47,13 @@ def _build(
     if pretrained and path is not None:
         raise ValueError("give pretrained_path or pretrained, not both")
     builder: Callable[..., nn.Module] = getattr(torchvision.models, name)
+    if stage_blocks is not None:
+        blocks = [int(b) for b in stage_blocks]
+        if len(blocks) != 4 or min(blocks) < 1:
+            raise ValueError(f"{name}: stage_blocks takes 4 positive block counts, got {list(stage_blocks)}")
+        if pretrained or path is not None:
+            raise ValueError(f"{name}: stage_blocks changes the architecture; the pretrained weights would not fit")
+        builder = _SAME_FAMILY[name](blocks)
     if pretrained:
         if num_classes != 1000:
             raise ValueError(f"pretrained {name} weights have 1000 classes, not {num_classes}")
@@ -51,14 +65,23 @@ def _build(
     return model
 
 
+# the torchvision class and its other arguments as the named builder uses them (torchvision/models/resnet.py,
+# densenet.py), with the block counts free
+_SAME_FAMILY: dict[str, Callable[[list[int]], Callable[..., nn.Module]]] = {
+    "resnet152": lambda blocks: lambda weights, num_classes: ResNet(Bottleneck, blocks, num_classes=num_classes),
+    "densenet161": lambda blocks: lambda weights, num_classes: DenseNet(48, tuple(blocks), 96, num_classes=num_classes),
+}
+
+
 @register_model("densenet161")
 def densenet161(
     num_classes: int,
     input_shape: Sequence[int] | None = None,
     pretrained_path: str | None = None,
     pretrained: bool = False,
+    stage_blocks: Sequence[int] | None = None,
 ) -> nn.Module:
-    return _build("densenet161", num_classes, input_shape, pretrained_path, bool(pretrained))
+    return _build("densenet161", num_classes, input_shape, pretrained_path, bool(pretrained), stage_blocks)
 
 
 @register_model("resnet152")
@@ -67,5 +90,6 @@ def resnet152(
     input_shape: Sequence[int] | None = None,
     pretrained_path: str | None = None,
     pretrained: bool = False,
+    stage_blocks: Sequence[int] | None = None,
 ) -> nn.Module:
-    return _build("resnet152", num_classes, input_shape, pretrained_path, bool(pretrained))
+    return _build("resnet152", num_classes, input_shape, pretrained_path, bool(pretrained), stage_blocks)

@@ -53,7 +53,7 @@ def _build(
             raise ValueError(f"{name}: stage_blocks takes 4 positive block counts, got {list(stage_blocks)}")
         if pretrained or path is not None:
             raise ValueError(f"{name}: stage_blocks changes the architecture; the pretrained weights would not fit")
-        builder = _SAME_FAMILY[name](blocks)
+        return _AT_STAGE_BLOCKS[name](blocks, num_classes)
     if pretrained:
         if num_classes != 1000:
             raise ValueError(f"pretrained {name} weights have 1000 classes, not {num_classes}")
@@ -65,11 +65,11 @@ def _build(
     return model
 
 
-# the torchvision class and its other arguments as the named builder uses them (torchvision/models/resnet.py,
-# densenet.py), with the block counts free
-_SAME_FAMILY: dict[str, Callable[[list[int]], Callable[..., nn.Module]]] = {
-    "resnet152": lambda blocks: lambda weights, num_classes: ResNet(Bottleneck, blocks, num_classes=num_classes),
-    "densenet161": lambda blocks: lambda weights, num_classes: DenseNet(48, tuple(blocks), 96, num_classes=num_classes),
+# the torchvision class and the other arguments the named builder passes it (torchvision/models/resnet.py:
+# Bottleneck blocks; densenet.py: growth 48, 96 stem features), with the block counts free
+_AT_STAGE_BLOCKS: dict[str, Callable[[list[int], int], nn.Module]] = {
+    "resnet152": lambda blocks, num_classes: ResNet(Bottleneck, blocks, num_classes=num_classes),
+    "densenet161": lambda blocks, num_classes: DenseNet(48, tuple(blocks), 96, num_classes=num_classes),
 }
 
 

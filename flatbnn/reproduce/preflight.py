@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 from pathlib import Path
 
-from flatbnn.reproduce.launch import compose_cell, source_cell
+from flatbnn.reproduce.launch import _select, compose_cell, source_cell
 from flatbnn.reproduce.spec import SCALES, Row, SpecError, list_rows, load_row
 
 
@@ -45,8 +45,8 @@ def check_data(row: Row, scale: str, extra: list[str], cells_glob: str | None = 
 
     check_files(row, scale, extra)
     seen = set()
-    for cell in row.cells_for(scale):
-        if cell.blocked or (cells_glob is not None and not fnmatch.fnmatchcase(cell.id, cells_glob)):
+    for cell in _select(row.cells_for(scale), cells_glob, None):  # the cells the launcher runs (--cells)
+        if cell.blocked:
             continue
         cfg = compose_cell(cell.overrides + list(extra))
         key = (cfg.dataset.name, str(cfg.dataset.get("root")), str(cfg.dataset.get("shift_root")))

@@ -11,6 +11,9 @@
     python scripts/reproduce.py all --scale smoke                     # every row (CI: make reproduce-all SCALE=smoke)
 
 Everything after ``--`` is passed to every job as a Hydra override (data roots, trainer=gpu_fast, ...).
+``--out DIR`` sweeps somewhere else (``run``: the row's sweep dir; ``all``: a root, one ``DIR/<row>/<scale>`` per
+row); the comparison then goes to ``DIR/comparison/<row>/``, not into the committed ``results/reproduce/``, unless
+``--results results/reproduce`` says so (e.g. paper-scale runs on a cluster's scratch disk, tables into the repo).
 Rerunning ``run`` skips finished (cell, seed) jobs and resumes interrupted ones from their checkpoints.
 Exit codes: 0 all jobs done (blocked cells are reported, not failures), 1 a job failed, 2 bad spec / missing data.
 """
@@ -24,7 +27,23 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from flatbnn.reproduce.compare import RESULTS_ROOT  # noqa: E402
 from flatbnn.reproduce.spec import SCALES, SpecError, check_all, list_rows, load_row  # noqa: E402
+
+
+def _sweep_dir(args, name: str) -> Path | None:
+    """``--out``: the row's sweep dir for ``run``, a root for ``all`` (rows would share one dir and collide)."""
+    if args.out is None:
+        return None
+    return Path(args.out) / name / args.scale if args.cmd == "all" else Path(args.out)
+
+
+def _results_root(args) -> Path | None:
+    """Where comparisons and run records go: ``--results``; else beside a ``--out`` sweep (a scratch sweep must not
+    overwrite the committed tables); else None = the repo's results/reproduce/."""
+    if getattr(args, "results", None) is not None:
+        return Path(args.results)
+    return Path(args.out) / "comparison" if args.out is not None else None
 
 
 def _run_row(name: str, args, extra: list[str]) -> int:
@@ -32,6 +51,7 @@ def _run_row(name: str, args, extra: list[str]) -> int:
     from flatbnn.reproduce.compare import write_comparison
 
     row = load_row(name)
+    out = _sweep_dir(args, name)
     if row.kind != "script" and row.scale(args.scale) is None:
         print(f"reproduce {name}: no {args.scale} scale ({row.blocked or row.scale_missing_reason(args.scale)})",
               file=sys.stderr)
@@ -45,10 +65,10 @@ def _run_row(name: str, args, extra: list[str]) -> int:
         if args.scale != "smoke" and not args.dry_run and row.kind == "train":
             preflight.check_data(row, args.scale, extra, cells_glob=args.cells)
         if row.kind == "eval":
-            summary = launch.launch_eval(row, args.scale, out=args.out, extra=extra, force=args.force,
+            summary = launch.launch_eval(row, args.scale, out=out, extra=extra, force=args.force,
                                          dry_run=args.dry_run, cells_glob=args.cells, seeds=args.seeds)
         else:
-            summary = launch.launch(row, args.scale, out=args.out, extra=extra, launcher=args.launcher,
+            summary = launch.launch(row, args.scale, out=out, extra=extra, launcher=args.launcher,
                                     force=args.force, dry_run=args.dry_run, cells_glob=args.cells, seeds=args.seeds)
         failed = [f"{k}: {v['detail']}" for k, v in summary["jobs"].items() if v["state"] == "failed"]
         for line in failed:
@@ -57,7 +77,8 @@ def _run_row(name: str, args, extra: list[str]) -> int:
         if summary["returncode"] == 75:
             rc = 75
     if not args.dry_run and not args.no_compare:
-        path = write_comparison(row, args.scale, out=args.out)
+        root = _results_root(args)
+        path = write_comparison(row, args.scale, out=out, dest=root / name if root else None)
         print(f"comparison: {path}", file=sys.stderr)
     return rc
 
@@ -71,10 +92,15 @@ def _run_rows_in_parallel(names: list[str], args, extra: list[str]) -> list[int]
     flags = ["--scale", args.scale] + (["--launcher", args.launcher] if args.launcher else []) + \
         (["--cells", args.cells] if args.cells else []) + (["--force"] if args.force else []) + \
         (["--no-compare"] if args.no_compare else [])
+    root = _results_root(args)
+
+    def row_flags(name: str) -> list[str]:
+        return (["--out", str(_sweep_dir(args, name))] if args.out is not None else []) + \
+            (["--results", str(root)] if root is not None else [])
 
     def one(name: str) -> int:
         t0 = time.monotonic()
-        p = subprocess.run([sys.executable, __file__, "run", name, *flags, "--", *extra],
+        p = subprocess.run([sys.executable, __file__, "run", name, *flags, *row_flags(name), "--", *extra],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         sys.stderr.write(f"===== {name} (exit {p.returncode}, {time.monotonic() - t0:.0f} s)\n{p.stdout}")
         sys.stderr.flush()
@@ -96,7 +122,11 @@ def main(argv=None) -> int:
         if name == "run":
             p.add_argument("row")
         p.add_argument("--scale", choices=SCALES, default="smoke")
-        p.add_argument("--out", type=Path, default=None, help="sweep dir (default outputs/reproduce/<row>/<scale>)")
+        p.add_argument("--out", type=Path, default=None,
+                       help="run: the sweep dir (default outputs/reproduce/<row>/<scale>); all: a root, OUT/<row>/<scale>"
+                            "; the comparison then goes to OUT/comparison/<row>/ unless --results says otherwise")
+        p.add_argument("--results", type=Path, default=None,
+                       help="where comparisons and run records go (default results/reproduce, or OUT/comparison)")
         p.add_argument("--launcher", default=None, help="configs/hydra/launcher/: slurm, local, cpu_parallel")
         p.add_argument("--cells", default=None, help="only the cells whose id matches this glob")
         p.add_argument("--seeds", default=None, type=lambda v: [int(x) for x in v.split(",")],
@@ -110,7 +140,9 @@ def main(argv=None) -> int:
     cmp_ = sub.add_parser("compare")
     cmp_.add_argument("row")
     cmp_.add_argument("--scale", choices=SCALES, default="cpu")
-    cmp_.add_argument("--out", type=Path, default=None)
+    cmp_.add_argument("--out", type=Path, default=None, help="the sweep dir the runs are in")
+    cmp_.add_argument("--results", type=Path, default=None,
+                      help="where the comparison goes (default results/reproduce, or OUT/comparison)")
     sub.add_parser("status")
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -152,13 +184,16 @@ def main(argv=None) -> int:
                 for name in names:
                     rc = _run_row(name, args, extra)
                     worst = rc if worst == 0 else worst
-            if not args.dry_run:
-                from flatbnn.reproduce.status import write_status
+            root = _results_root(args)
+            if not args.dry_run and (root is None or root.resolve() == RESULTS_ROOT.resolve()):
+                from flatbnn.reproduce.status import write_status  # the board reads results/reproduce/ only
                 print(f"status board: {write_status()}", file=sys.stderr)
             return worst
         if args.cmd == "compare":
             from flatbnn.reproduce.compare import write_comparison
-            print(write_comparison(load_row(args.row), args.scale, out=args.out))
+            root = _results_root(args)
+            print(write_comparison(load_row(args.row), args.scale, out=args.out,
+                                   dest=root / args.row if root else None))
             return 0
         if args.cmd == "status":
             from flatbnn.reproduce.status import write_status

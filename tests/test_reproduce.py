@@ -227,6 +227,39 @@ def test_all_with_jobs_runs_train_then_eval_then_script_rows_each_stage_in_paral
     assert rc == 1
 
 
+def test_out_sweeps_elsewhere_and_keeps_its_comparison_out_of_the_committed_tables(tmp_path, monkeypatch):
+    """``run ROW --out DIR`` used to write its comparison over the committed results/reproduce/<row>/; and ``all
+    --out DIR`` swept every row into the one DIR, where cells of the same id (bSAM T1 / T5) collide."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import reproduce as cli
+    from flatbnn.reproduce import compare, launch, scripts as row_scripts
+
+    seen = []
+    fake = lambda row, scale, out=None, **kw: seen.append(("sweep", row.row, out)) or {"jobs": {}, "returncode": 0}
+    monkeypatch.setattr(launch, "launch", fake)
+    monkeypatch.setattr(launch, "launch_eval", fake)
+    monkeypatch.setattr(row_scripts, "run_script_row", lambda row, scale, dry_run=False: 0)
+    monkeypatch.setattr(compare, "write_comparison",
+                        lambda row, scale, out=None, dest=None: seen.append(("table", row.row, dest)) or tmp_path)
+    monkeypatch.setattr(status, "write_status", lambda: seen.append(("board",)) or "STATUS.md")
+
+    assert cli.main(["run", "bsam_t5", "--scale", "smoke"]) == 0
+    assert seen == [("sweep", "bsam_t5", None), ("table", "bsam_t5", None)]  # None: outputs/ and results/reproduce/
+    seen.clear()
+    assert cli.main(["run", "bsam_t5", "--scale", "smoke", "--out", str(tmp_path / "s")]) == 0
+    assert seen == [("sweep", "bsam_t5", tmp_path / "s"), ("table", "bsam_t5", tmp_path / "s" / "comparison" / "bsam_t5")]
+    seen.clear()
+    assert cli.main(["run", "bsam_t5", "--scale", "smoke", "--out", str(tmp_path / "s"), "--results", "R"]) == 0
+    assert seen[-1] == ("table", "bsam_t5", Path("R") / "bsam_t5")  # a cluster's scratch sweep, tables into the repo
+    seen.clear()
+    assert cli.main(["all", "--scale", "smoke", "--out", str(tmp_path / "root")]) == 0
+    sweeps = {s[1]: s[2] for s in seen if s[0] == "sweep"}
+    assert len(sweeps) == len({n for n in spec.list_rows() if spec.load_row(n).kind != "script"})
+    assert all(out == tmp_path / "root" / name / "smoke" for name, out in sweeps.items())
+    assert all(s[2] == tmp_path / "root" / "comparison" / s[1] for s in seen if s[0] == "table")
+    assert ("board",) not in seen  # the board reads the committed tables only
+
+
 def test_no_spec_pins_a_data_path_of_one_machine():
     """Data roots come from the user (``-- dataset.root=PATH``, checked by the preflight with a one-line
     error); a spec that names an absolute path works on one machine only."""

@@ -461,6 +461,54 @@ def test_frn_normalises_and_tlu_thresholds():
     assert {n for n, _ in frn.named_parameters()} == {"gamma", "beta", "tau"}
 
 
+def _frn_with_plain_maximum(self, x):  # the TLU as autograd differentiates it, the reference for _TLU
+    return torch.maximum(self.gamma * self.normalize(x) + self.beta, self.tau)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_frn_tlu_backward_equals_autograds_bit_for_bit(dtype, monkeypatch):
+    """resnet_frn._TLU replaces autograd's backward of maximum (speed): the gradients training uses -- parameter and
+    input gradients, per-example gradients under vmap (VOGN) -- must be the same to the bit, ties (z == tau: half the
+    gradient to each side) included, else runs trained before and after it would differ. Hessian-vector products
+    (sharpness metrics only) go through another double-backward graph: equal to rounding."""
+    from torch.func import functional_call, grad, vmap
+
+    torch.manual_seed(0)
+    model = create_model("resnet20_frn", num_classes=10, input_shape=CIFAR).to(dtype)
+    frns = [m for m in model.modules() if isinstance(m, FilterResponseNorm2d)]
+    with torch.no_grad():
+        for m in frns:
+            m.tau.normal_(0, 0.3)
+            m.beta.normal_(0, 0.3)
+        frns[1].gamma[:, :4] = 0.0  # ties: z = beta = tau on 4 channels of one layer
+        frns[1].beta[:, :4] = frns[1].tau[:, :4]
+    x, y = torch.randn(4, 3, 16, 16, dtype=dtype), torch.arange(4)  # small: global pooling takes any size
+    params = dict(model.named_parameters())
+    v = {k: torch.randn_like(p) for k, p in params.items()}
+
+    def everything():
+        xr = x.clone().requires_grad_()
+        loss = nn.functional.cross_entropy(model(xr), y)
+        gs = torch.autograd.grad(loss, [xr, *params.values()], create_graph=True)
+        hvp = torch.autograd.grad(sum((g * v[k]).sum() for k, g in zip(params, gs[1:])), list(params.values()))
+
+        def one(p, xi, yi):
+            return nn.functional.cross_entropy(functional_call(model, p, (xi[None],)), yi[None])
+        per_example = vmap(grad(one), in_dims=(None, 0, 0))({k: p.detach() for k, p in params.items()}, x, y)
+        return [g.detach() for g in gs] + list(per_example.values()), list(hvp)
+
+    ours, ours_hvp = everything()
+    monkeypatch.setattr(FilterResponseNorm2d, "forward", _frn_with_plain_maximum)
+    reference, reference_hvp = everything()
+    assert len(ours) == len(reference) == 1 + 2 * len(params)
+    assert all(torch.equal(a, b) for a, b in zip(ours, reference))
+    tol = 1e-12 if dtype == torch.float64 else 1e-4  # relative to each tensor's largest entry
+    for a, b in zip(ours_hvp, reference_hvp):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol * b.abs().max().item())
+    z = frns[1].gamma * 0 + frns[1].beta
+    assert torch.equal(z[:, :4], frns[1].tau[:, :4])  # the ties are there
+
+
 def test_frn_is_per_example():
     """No batch statistics: an example's logits do not depend on the rest of the batch."""
     torch.manual_seed(0)

@@ -27,7 +27,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flatbnn.reproduce.compare import RESULTS_ROOT  # noqa: E402
 from flatbnn.reproduce.spec import SCALES, SpecError, check_all, list_rows, load_row  # noqa: E402
 
 
@@ -41,7 +40,7 @@ def _sweep_dir(args, name: str) -> Path | None:
 def _results_root(args) -> Path | None:
     """Where comparisons and run records go: ``--results``; else beside a ``--out`` sweep (a scratch sweep must not
     overwrite the committed tables); else None = the repo's results/reproduce/."""
-    if getattr(args, "results", None) is not None:
+    if args.results is not None:
         return Path(args.results)
     return Path(args.out) / "comparison" if args.out is not None else None
 
@@ -184,6 +183,8 @@ def main(argv=None) -> int:
                 for name in names:
                     rc = _run_row(name, args, extra)
                     worst = rc if worst == 0 else worst
+            from flatbnn.reproduce.compare import RESULTS_ROOT  # here, not at the top: it imports torch (~5 s)
+
             root = _results_root(args)
             if not args.dry_run and (root is None or root.resolve() == RESULTS_ROOT.resolve()):
                 from flatbnn.reproduce.status import write_status  # the board reads results/reproduce/ only

@@ -73,7 +73,7 @@ class FilterResponseNorm2d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = self.gamma * self.normalize(x) + self.beta
-        return _TLU.apply(z, self.tau) if torch.is_grad_enabled() else torch.maximum(z, self.tau)
+        return _TLU.apply(z, self.tau)
 
     def extra_repr(self) -> str:
         return f"{self.gamma.shape[1]}, eps={self.eps}"

@@ -370,8 +370,8 @@ def _noise_sentence(direction: list[dict]) -> str:
     return (f"Beyond seed noise (our difference > 2 standard errors of it: paired over the seeds both cells have, "
             f"sd(per-seed differences)/sqrt(n), else sqrt(s1^2/n1 + s2^2/n2); needs 2+ seeds): {n_sep} of "
             f"{len(judged)} pairs"
-            + (f"; {len(direction) - len(judged)} not judged (fewer than 2 seeds, or a metric a cell has no value for)" if len(judged) < len(direction)
-               else "") + ". A direction within seed noise is a coin flip at this budget, agree or not.")
+            + (f"; {len(direction) - len(judged)} not judged (fewer than 2 seeds, or a metric a cell has no value for)"
+               if len(judged) < len(direction) else "") + ". A direction within seed noise is a coin flip at this budget, agree or not.")
 
 
 def _fmt(v, std=None, n=None, unit=None) -> str:

@@ -15,20 +15,27 @@ REPO_DIR = Path(__file__).resolve().parents[2]
 
 
 def git_commit(untracked: bool = False) -> dict:
-    """``{"commit": sha, "dirty": bool}`` of this checkout (``"unknown"`` / None outside git).
+    """``{"commit": sha, "dirty": bool}`` of this checkout.
 
     ``untracked=True`` also counts untracked files as dirty (the toy reproductions: a run made before
-    new code is committed must say so)."""
+    new code is committed must say so). Outside a git checkout (no ``.git``, no git) the commit is
+    ``$FLATBNN_COMMIT`` if set -- code copied to a cluster or a GPU box without its history; whoever
+    copies it names the commit -- with ``dirty`` None (unknown), else ``"unknown"``."""
     try:
-        sha = subprocess.run(["git", "-C", str(REPO_DIR), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        status = ["git", "-C", str(REPO_DIR), "status", "--porcelain"]
-        if not untracked:
-            status.append("--untracked-files=no")
-        dirty = subprocess.run(status, capture_output=True, text=True, timeout=10).stdout.strip() != ""
-        return {"commit": sha or "unknown", "dirty": dirty}
+        head = subprocess.run(["git", "-C", str(REPO_DIR), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        sha = head.stdout.strip()
+        if head.returncode == 0 and sha:
+            status = ["git", "-C", str(REPO_DIR), "status", "--porcelain"]
+            if not untracked:
+                status.append("--untracked-files=no")
+            dirty = subprocess.run(status, capture_output=True, text=True, timeout=10).stdout.strip() != ""
+            return {"commit": sha, "dirty": dirty}
     except (OSError, subprocess.SubprocessError):
-        return {"commit": "unknown", "dirty": None}
+        pass
+    # Not a checkout: an empty `git status` there must not read as "clean".
+    named = os.environ.get("FLATBNN_COMMIT", "").strip()
+    return {"commit": named or "unknown", "dirty": None}
 
 
 def hardware(device: torch.device, world_size: int) -> dict:

@@ -10,7 +10,7 @@ import statistics
 import pytest
 
 from flatbnn.reproduce.compare import write_comparison
-from flatbnn.reproduce.figures import axis_number, curve_data, draw_figures, sweep_data
+from flatbnn.reproduce.figures import axis_number, curve_data, draw_figures, seeds_label, sweep_data
 from flatbnn.reproduce.spec import SpecError, load_row
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -125,3 +125,9 @@ def test_hwa_row_uses_the_papers_literal_alg1_choices():
         assert last["trainer.eval_every"] == "1"  # the curves need a per-epoch evaluation
         if cell.id.endswith("/hwa"):
             assert last["method.lr_cycles"] == last["trainer.epochs"]
+
+
+def test_a_sweep_legend_says_when_its_points_have_different_seed_counts():
+    # A partly finished sweep (some rho with 2 seeds, some with 1) must not be labelled n=2 throughout.
+    assert seeds_label("bsam", [1, 1, 1]) == "bsam (n=1)"
+    assert seeds_label("sam_adam", [2, 2, 1, 1]) == "sam_adam (n=1-2 per point)"

@@ -145,6 +145,12 @@ def _caption(fig, row: Row, scale: str) -> None:
     fig.text(0.01, -0.02, "\n".join(textwrap.wrap(text, 160)), ha="left", va="top", fontsize=7)
 
 
+def seeds_label(line: str, seeds: list[int]) -> str:
+    """Legend entry: the seed count per point, a range where points differ (a sweep still filling up)."""
+    lo, hi = min(seeds), max(seeds)
+    return f"{line} (n={lo})" if lo == hi else f"{line} (n={lo}-{hi} per point)"
+
+
 def _band(ax, x, mean, std, label):
     line, = ax.plot(x, mean, marker="o" if len(x) < 12 else None, ms=3, label=label)
     lo = [m - s for m, s in zip(mean, std)]
@@ -195,7 +201,7 @@ def draw_sweep(row: Row, scale: str, out: Path, spec: dict, archive_root: Path |
         for line in row.values[spec["lines"]]:
             if line in data[metric]:
                 d = data[metric][line]
-                _band(ax, d["x"], d["mean"], d["std"], f"{line} (n={max(d['seeds'])})")
+                _band(ax, d["x"], d["mean"], d["std"], seeds_label(line, d["seeds"]))
         if spec.get("xscale"):
             ax.set_xscale(spec["xscale"])
         ax.set_xlabel(spec["x"])

@@ -83,6 +83,34 @@ def test_vsam_step_matches_a_hand_computation():
         torch.testing.assert_close(mm.detach(), Mi - m_lr * d)
 
 
+def test_vsam_closed_form_m_gradient_equals_autograd_of_its_objective():
+    """The step uses m_grad (closed form, one flat vector); it must be the gradient of m_loss, the objective."""
+    torch.manual_seed(0)
+    net = _mlp64()
+    m = VariationalSAM(rho=3.0, init_radius=0.3, init_count=4.0, prior_std=0.7)
+    m.setup(_ctx(net, n_train=40))
+    with torch.no_grad():
+        for mm in m.M:
+            mm.uniform_(0.5, 8.0)
+    g = _grads(net, *_data())
+    auto = torch.autograd.grad(m.m_loss(g), m.M)
+    closed = m._split(m.m_grad(*m._ellipsoid(g)), m.M)
+    for a, c in zip(auto, closed):
+        torch.testing.assert_close(c, a, rtol=1e-12, atol=1e-15)
+
+
+def test_vsam_non_finite_gradient_gives_no_ascent():
+    # fp16 overflow: the scaler will skip the step, but the second pass must not run (and update BatchNorm) at
+    # weights + inf/nan
+    torch.manual_seed(0)
+    net = _mlp64()
+    m = VariationalSAM(rho=1.0, init_radius=0.1, init_count=1.0)
+    m.setup(_ctx(net))
+    g = [gi.clone() for gi in _grads(net, *_data())]
+    g[0][0, 0] = float("inf")
+    assert all(torch.equal(e, torch.zeros_like(e)) for e in m.ascent(g))
+
+
 def test_vsam_refuses_a_flatness_variant_and_round_trips_its_state():
     torch.manual_seed(0)
     net = _mlp64()

@@ -28,7 +28,7 @@ demo: setup
 # (0.01 s to ~5 min). One test, serially: $(PY) -m pytest tests/test_x.py
 PYTEST_PAR ?= -n auto --maxprocesses 4 --dist worksteal
 test: setup
-	$(PY) -m pytest -q $(PYTEST_PAR)
+	$(PY) -m pytest -q --durations=15 $(PYTEST_PAR)
 
 test-fast: setup
 	$(PY) -m pytest -q $(PYTEST_PAR) -m "not slow"
@@ -70,7 +70,7 @@ reproduce-fsam-sweep: setup
 		--out results/fsam_sweep/nll.png
 
 # ---------------------------------------------------------------------------- paper rows (docs/reproduce.md)
-#   make reproduce-<row> SCALE=smoke|cpu|paper [ARGS="dataset.root=..."] [LAUNCHER=slurm|local|cpu_parallel] [DRY=1]
+#   make reproduce-<row> SCALE=smoke|cpu|paper [ARGS="dataset.root=..."] [LAUNCHER=slurm|local|cpu_parallel|gpu_shared] [DRY=1]
 #     LAUNCHER: a configs/hydra/launcher option (docs/cluster.md); DRY=1 prints the sweep command, runs nothing
 #   make reproduce-all SCALE=smoke [JOBS=4]   (CI) every row (JOBS rows at a time), then results/STATUS.md
 #   make compare-<row> SCALE=cpu              rerender the comparison from whatever runs exist

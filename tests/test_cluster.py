@@ -64,6 +64,8 @@ def test_launchers_compose_and_the_default_stays_basic():
     local = _hydra_cfg(["hydra/launcher=local"]).hydra.launcher
     assert local._target_.endswith("submitit_launcher.LocalLauncher")
     assert _hydra_cfg(["hydra/launcher=cpu_parallel"]).hydra.launcher._target_.endswith("JoblibLauncher")
+    shared = _hydra_cfg(["hydra/launcher=gpu_shared"]).hydra.launcher  # many processes on one GPU
+    assert shared._target_.endswith("JoblibLauncher") and shared.n_jobs > 2
 
 
 def test_train_py_shows_the_slurm_launcher():

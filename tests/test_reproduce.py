@@ -470,10 +470,10 @@ def test_a_pair_is_beyond_seed_noise_only_past_two_standard_errors_of_the_differ
 
 def test_seeds_option_runs_a_part_of_the_seeds_and_refuses_unknown_ones(tmp_path, monkeypatch):
     row = spec.load_row("bsam_t3")
-    cells = launch._select(row.cells_for("cpu"), "*/bsam", [0, 2])
+    cells = launch.select_cells(row.cells_for("cpu"), "*/bsam", [0, 2])
     assert [(c.id, c.seeds) for c in cells] == [("cifar10/resnet20_frn/bsam", [0, 2])]
     with pytest.raises(spec.SpecError, match=r"seeds are \[0, 1, 2\]"):
-        launch._select(row.cells_for("cpu"), None, [3])
+        launch.select_cells(row.cells_for("cpu"), None, [3])
     s = launch.launch(row, "cpu", out=tmp_path / "t3", dry_run=True, seeds=[1])
     assert sorted(s["jobs"]) == ["cifar10/resnet20_frn/bsam/seed1", "cifar10/resnet20_frn/bsam_no_noise/seed1"]
     # an eval row's dry run over unfinished sources reports them and writes nothing

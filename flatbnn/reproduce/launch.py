@@ -313,7 +313,7 @@ def _fake_roots(base: Path) -> dict[str, Path]:
     return roots
 
 
-def _select(cells: list[Cell], cells_glob: str | None, seeds: list[int] | None) -> list[Cell]:
+def select_cells(cells: list[Cell], cells_glob: str | None, seeds: list[int] | None) -> list[Cell]:
     """The cells matching ``cells_glob`` with only the given ``seeds`` (``--cells`` / ``--seeds``; None = all).
     A seed the scale does not list is an error, not a silent no-op."""
     import dataclasses
@@ -336,7 +336,7 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
     import fnmatch
 
     out = Path(out or OUTPUT_ROOT / row.row / scale)
-    cells = _select(row.cells_for(scale), cells_glob, seeds)
+    cells = select_cells(row.cells_for(scale), cells_glob, seeds)
     runnable = [c for c in cells if not c.blocked]
     blocked = {c.id: c.blocked for c in cells if c.blocked}
     fake_roots = _fake_roots(Path(fake_data or out / ".fake_data")) if scale == "smoke" and runnable else None
@@ -418,7 +418,7 @@ def launch_eval(row: Row, scale: str, *, out: Path | None = None, extra: list[st
 
     out = Path(out or OUTPUT_ROOT / row.row / scale)
     src_out = Path(row.eval_from.get("out") or OUTPUT_ROOT / row.eval_from["row"] / scale)
-    cells = _select(row.cells_for(scale), cells_glob, seeds)
+    cells = select_cells(row.cells_for(scale), cells_glob, seeds)
     blocked = {c.id: c.blocked for c in cells if c.blocked}
     rc = 0
     commands = []

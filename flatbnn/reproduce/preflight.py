@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 from pathlib import Path
 
-from flatbnn.reproduce.launch import _select, compose_cell, source_cell
+from flatbnn.reproduce.launch import compose_cell, select_cells, source_cell
 from flatbnn.reproduce.spec import SCALES, Row, SpecError, list_rows, load_row
 
 
@@ -45,7 +45,7 @@ def check_data(row: Row, scale: str, extra: list[str], cells_glob: str | None = 
 
     check_files(row, scale, extra)
     seen = set()
-    for cell in _select(row.cells_for(scale), cells_glob, None):  # the cells the launcher runs (--cells)
+    for cell in select_cells(row.cells_for(scale), cells_glob, None):  # the cells the launcher runs (--cells)
         if cell.blocked:
             continue
         cfg = compose_cell(cell.overrides + list(extra))

@@ -104,20 +104,18 @@ class BSAM(DiagonalGaussianMethod):
                 # the previous part left the weights at its ascent point
                 noise = opt.sample_noise(self.generator) if self.noise else None
                 with torch.no_grad():
-                    self._assign(params, mean if noise is None else [w + n for w, n in zip(mean, noise)])
+                    self._assign(params, mean if noise is None else torch._foreach_add(mean, noise))
                 self._record = True  # train accuracy at the noisy weights, every part
                 loss, g = self._grad(params, chunk, backprop, first and self.bn_stats in ("first", "both"))
                 ascent, curv = opt.ascent(g), opt.curvature(g)
                 if backprop.scaler is not None and not all(torch.isfinite(a).all() for a in ascent):
                     ascent = [torch.zeros_like(a) for a in ascent]  # fp16 overflow: no ascent (step skipped below)
                 with torch.no_grad():
-                    self._assign(params, [w + a for w, a in zip(mean, ascent)])
+                    self._assign(params, torch._foreach_add(mean, ascent))
                 _, gp = self._grad(params, chunk, backprop, first and self.bn_stats in ("second", "both"))
                 with torch.no_grad():
-                    for acc, x in zip(g_p, gp):
-                        acc.add_(x, alpha=share)
-                    for acc, x in zip(h, curv):
-                        acc.add_(x, alpha=share)
+                    torch._foreach_add_(g_p, gp, alpha=share)
+                    torch._foreach_add_(h, curv, alpha=share)
                 loss_sum = loss_sum + loss.float() * share
         finally:
             self._assign(params, mean)

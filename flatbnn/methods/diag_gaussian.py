@@ -72,8 +72,7 @@ class DiagonalGaussianMethod(Method):
 
     @torch.no_grad()
     def _assign(self, params, values) -> None:
-        for p, v in zip(params, values):
-            p.copy_(v)
+        torch._foreach_copy_(list(params), list(values))
 
     def _all_reduce(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """Mean over DDP ranks of a list of tensors (one flat all-reduce)."""

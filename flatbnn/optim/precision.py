@@ -77,8 +77,9 @@ class PrecisionOptimizer(Optimizer):
     @torch.no_grad()
     def sample_noise(self, generator: torch.Generator | None) -> list[torch.Tensor]:
         """std * n, n ~ N(0, I), drawn parameter by parameter in ``params()`` order."""
-        return [torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype) * std
-                for p, std in zip(self.params(), self.posterior_std())]
+        noise = [torch.randn(p.shape, generator=generator, device=p.device, dtype=p.dtype) for p in self.params()]
+        torch._foreach_mul_(noise, self.posterior_std())
+        return noise
 
     def summary(self) -> dict:
         """Posterior summary for results.json: mean precision s and mean posterior std."""

@@ -4,7 +4,7 @@ At ``paper`` scale each cell gets a verdict: within the paper's reported spread 
 s_o^2), the seed std of each side) or not; a cell without a printed spread gets none. Below paper scale absolute
 numbers are not comparable (smaller data, net and budget), so only the DIRECTION is checked: for each pair of the
 spec's ``compare.pairs`` (e.g. F-SWAG vs SWAG), is the first better than the second on each metric -- in the paper
-and in ours, and is our difference beyond seed noise (> 2 standard errors of it, paired over shared seeds; a
+and in ours, and is our difference beyond seed noise (a two-sided 5 % t-test, paired over shared seeds; a
 direction inside the noise is a coin flip, whichever way it points). Can be rerun at any time on partial results:
 finished cells are shown, the rest marked.
 """
@@ -273,22 +273,38 @@ def _verdict(rec: dict) -> str:
     return "within" if abs(rec["delta"]) <= spread else "outside"
 
 
+#: two-sided level of "beyond seed noise": |difference| > t_(1 - ALPHA/2, dof) standard errors of it
+NOISE_ALPHA = 0.05
+
+
+def _t_crit(dof: float) -> float:
+    """Student-t quantile for the two-sided NOISE_ALPHA test: 12.7 at 1 dof (2 seeds), 4.30 at 2, 2.78 at 4 (vs
+    1.96 for many seeds). A fixed 2 standard errors calls a pure-noise difference 'beyond' 30 % of the time at 2
+    seeds and 18 % at 3."""
+    from scipy.stats import t
+
+    return float(t.ppf(1.0 - NOISE_ALPHA / 2.0, dof))
+
+
 def _separated(r: dict, b: dict) -> tuple[str | None, float | None]:
-    """Is our difference of two cells beyond seed noise: more than two standard errors of the difference? Paired
-    when both cells have 2+ seeds in common (a seed fixes init and data order, and an eval row's cells share the
-    trained run): the mean of the per-seed differences against sd(d)/sqrt(n); otherwise unpaired, |m_r - m_b|
-    against sqrt(s_r^2/n_r + s_b^2/n_b). ``None`` with fewer than 2 finite seeds on either side (``_stats`` gives
-    no std there)."""
+    """Is our difference of two cells beyond seed noise: a two-sided t-test at NOISE_ALPHA (5 %)? Paired when both
+    cells have 2+ seeds in common (a seed fixes init and data order, and an eval row's cells share the trained run):
+    the mean of the per-seed differences against se = sd(d)/sqrt(n), n - 1 dof; otherwise Welch: |m_r - m_b| against
+    se = sqrt(s_r^2/n_r + s_b^2/n_b) with the Welch-Satterthwaite dof. Returns (verdict, se); ``None`` with fewer
+    than 2 finite seeds on either side (``_stats`` gives no std there)."""
     xr, xb = r.get("ours_by_seed") or {}, b.get("ours_by_seed") or {}
     common = sorted(set(xr) & set(xb))
     if len(common) >= 2:
         d = [xr[k] - xb[k] for k in common]
         se = statistics.stdev(d) / math.sqrt(len(d))
-        return ("yes" if abs(statistics.fmean(d)) > 2.0 * se else "no"), se
+        return ("yes" if abs(statistics.fmean(d)) > _t_crit(len(d) - 1) * se else "no"), se
     if r.get("ours_std") is None or b.get("ours_std") is None:
         return None, None
-    se = math.sqrt(r["ours_std"] ** 2 / r["ours_n"] + b["ours_std"] ** 2 / b["ours_n"])
-    return ("yes" if abs(r["ours_mean"] - b["ours_mean"]) > 2.0 * se else "no"), se
+    vr, vb = r["ours_std"] ** 2 / r["ours_n"], b["ours_std"] ** 2 / b["ours_n"]
+    se = math.sqrt(vr + vb)
+    dof = ((vr + vb) ** 2 / (vr ** 2 / (r["ours_n"] - 1) + vb ** 2 / (b["ours_n"] - 1)) if vr + vb > 0
+           else r["ours_n"] + b["ours_n"] - 2)
+    return ("yes" if abs(r["ours_mean"] - b["ours_mean"]) > _t_crit(dof) * se else "no"), se
 
 
 def _directions(row: Row, table: list[dict]) -> list[dict]:
@@ -367,8 +383,9 @@ _CHANCE_NOTE = (f" A cell is at chance when every seed's test accuracy is within
 def _noise_sentence(direction: list[dict]) -> str:
     judged = [d for d in direction if d.get("beyond_noise")]
     n_sep = sum(d["beyond_noise"] == "yes" for d in judged)
-    return (f"Beyond seed noise (our difference > 2 standard errors of it: paired over the seeds both cells have, "
-            f"sd(per-seed differences)/sqrt(n), else sqrt(s1^2/n1 + s2^2/n2); needs 2+ seeds): {n_sep} of "
+    return (f"Beyond seed noise (two-sided t-test at {NOISE_ALPHA:.0%}: paired over the seeds both cells have, "
+            f"se = sd(per-seed differences)/sqrt(n) with n - 1 dof -- |difference| > 12.7 se at 2 seeds, 4.3 se at 3; "
+            f"else Welch; needs 2+ seeds): {n_sep} of "
             f"{len(judged)} pairs"
             + (f"; {len(direction) - len(judged)} not judged (fewer than 2 seeds, or a metric a cell has no value for)"
                if len(judged) < len(direction) else "") + ". A direction within seed noise is a coin flip at this budget, agree or not.")

@@ -119,7 +119,7 @@ def test_hwa_row_uses_the_papers_literal_alg1_choices():
             assert last["method.variance"] == "eq4" and last["method.start"] == "0"
             assert int(last["method.lr_cycles"]) == int(last["trainer.epochs"]) == epochs[dataset]
     cpu = row.scale("cpu")
-    assert cpu["seeds"] == [0, 1, 2] and "2 CPU cores" in cpu["budget"]
+    assert cpu["seeds"] == [0, 1, 2, 3, 4] and "2 CPU cores" in cpu["budget"]  # the "curves over 5 seeds"
     for cell in row.cells_for("cpu"):
         last = {o.split("=")[0]: o.split("=", 1)[1] for o in cell.overrides}
         assert last["trainer.eval_every"] == "1"  # the curves need a per-epoch evaluation

@@ -126,7 +126,8 @@ def main(argv=None) -> int:
                             "; the comparison then goes to OUT/comparison/<row>/ unless --results says otherwise")
         p.add_argument("--results", type=Path, default=None,
                        help="where comparisons and run records go (default results/reproduce, or OUT/comparison)")
-        p.add_argument("--launcher", default=None, help="configs/hydra/launcher/: slurm, local, cpu_parallel, gpu_shared")
+        p.add_argument("--launcher", default=None,
+                       help="configs/hydra/launcher/: slurm, local, cpu_parallel, gpu_shared")
         p.add_argument("--cells", default=None, help="only the cells whose id matches this glob")
         p.add_argument("--seeds", default=None, type=lambda v: [int(x) for x in v.split(",")],
                        help="only these of the scale's seeds, e.g. 0 (every cell's first seed now, the rest later)")

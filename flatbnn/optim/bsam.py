@@ -50,11 +50,8 @@ class BSAMOptimizer(PrecisionOptimizer):
     @torch.no_grad()
     def ascent(self, grads) -> list[torch.Tensor]:
         """rho * g / s (element-wise)."""
-        out = []
-        for group, gs in self._per_group(grads):
-            out += torch._foreach_div(torch._foreach_mul(gs, group["rho"]),
-                                      [self.state[p]["precision"] for p in group["params"]])
-        return out
+        rho_g = torch._foreach_mul(list(grads), [group["rho"] for _, group in self._groups()])
+        return torch._foreach_div(rho_g, self.precisions())
 
     @torch.no_grad()
     def curvature(self, grads) -> list[torch.Tensor]:
@@ -64,14 +61,6 @@ class BSAMOptimizer(PrecisionOptimizer):
         torch._foreach_mul_(sg, grads)
         torch._foreach_sqrt_(sg)
         return sg
-
-    def _per_group(self, tensors):
-        """(group, its slice of ``tensors``) in ``params()`` order."""
-        tensors, i = list(tensors), 0
-        for group in self.param_groups:
-            n = len(group["params"])
-            yield group, tensors[i:i + n]
-            i += n
 
     def posterior_precision(self, s, group):
         return s  # noise and predictive: N(w, 1 / (N s))

@@ -326,6 +326,40 @@ def test_smoke_runs_the_imagenet_convnets_at_64_px_and_fixed_size_nets_at_their_
             launch.compose_cell(list(c.overrides)), {})), c.id
 
 
+@pytest.mark.parametrize("row,cell_id,full,smoke", [
+    ("fsam_t1", "cifar10/densenet121/sgd", 6_956_298, 1_000_000),   # DenseNet-121 -> one dense layer per block
+    ("fsam_t1", "cifar10/vgg19_bn/sam", 20_000_000, 10_000_000),    # VGG-19-BN -> VGG-11-BN
+    ("flatbnn_t3", "cifar10/resnet18/sgvb", 11_000_000, 5_000_000),  # ResNet-18 -> 10 (SGVB: mu and rho each)
+])
+def test_smoke_steps_the_big_cifar_nets_at_their_familys_smallest_size(row, cell_id, full, smoke):
+    """The deep CIFAR nets of fsam_t1 / flatbnn_t3 were ~2-5 s a smoke job on the CI machine: their smoke cells
+    build the same builder at its smallest depth; the row's own config still composes the full net."""
+    from hydra.utils import instantiate
+
+    cell = next(c for c in spec.load_row(row).cells_for("smoke") if c.id == cell_id)
+    base = launch.compose_cell(list(cell.overrides))
+    n_full = sum(p.numel() for p in instantiate(base.model).parameters())
+    ov = launch.smoke_overrides(base, {})
+    n_smoke = sum(p.numel() for p in instantiate(launch.compose_cell(list(cell.overrides) + ov).model).parameters())
+    assert n_full >= full and n_smoke < smoke, (n_full, n_smoke, [o for o in ov if o.startswith("model.")])
+
+
+def test_densenet_cifar_stage_blocks_keeps_growth_and_transitions():
+    import torch
+
+    from flatbnn.models import create_model
+
+    full = create_model("densenet_cifar", num_classes=10, input_shape=[3, 32, 32])
+    small = create_model("densenet_cifar", num_classes=10, input_shape=[3, 32, 32], stage_blocks=[1, 1, 1, 1])
+    assert [len(full.features[i]) for i in (0, 2, 4, 6)] == [6, 12, 24, 16]
+    assert [len(small.features[i]) for i in (0, 2, 4, 6)] == [1, 1, 1, 1]
+    # stem 2k = 64 channels, each dense layer adds k = 32, transitions halve: 64+32 -> 48 -> 80 -> 40 -> 72 -> 36 -> 68
+    assert small.stem.out_channels == 64 and small.head.in_features == 68
+    assert small(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    with pytest.raises(ValueError, match="stage_blocks"):
+        create_model("densenet_cifar", num_classes=10, stage_blocks=[1, 1, 0, 1])
+
+
 def test_stage_blocks_is_refused_with_pretrained_weights_and_keeps_the_named_nets_widths(tmp_path):
     """``stage_blocks`` (smoke runs) changes only the block counts: DenseNet-161's growth 48 / 96 stem features
     stay; weights of the full-depth net would not fit, so the two together are an error, not a partial load."""

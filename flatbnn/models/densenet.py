@@ -8,6 +8,8 @@ That is torchvision's ``densenet121`` with its 7x7 conv + BN + max-pool stem rep
 6,956,298 parameters for 10 classes (torchvision's ImageNet model: 7,978,856). FSAM's code is not
 public; this is the common CIFAR DenseNet-121.
 
+``stage_blocks`` (smoke runs only) replaces the 6-12-24-16 layer counts, same growth rate and transitions.
+
 ``dropout > 0`` adds one ``nn.Dropout`` before the classifier (MC-Dropout); with 0 there is none.
 (torchvision's ``drop_rate`` instead drops inside every dense layer through ``F.dropout``, which an
 ``nn.Dropout``-based MC-Dropout evaluation cannot switch on.) The ImageNet DenseNet-161 is
@@ -63,14 +65,17 @@ class DenseNetCifar(nn.Module):
         growth_rate: int = 32,
         compression: float = 0.5,
         dropout: float = 0.0,
+        stage_blocks: Sequence[int] | None = None,
     ):
         super().__init__()
         if depth not in BLOCKS:
             raise ValueError(f"DenseNet depth must be one of {sorted(BLOCKS)}, got {depth}")
+        if stage_blocks is not None and (len(stage_blocks) != 4 or min(int(b) for b in stage_blocks) < 1):
+            raise ValueError(f"DenseNet stage_blocks takes 4 positive layer counts, got {list(stage_blocks)}")
         ch = 2 * growth_rate
         self.stem = nn.Conv2d(in_channels, ch, 3, padding=1, bias=False)
         stages: list[nn.Module] = []
-        blocks = BLOCKS[depth]
+        blocks = tuple(int(b) for b in stage_blocks) if stage_blocks is not None else BLOCKS[depth]
         for i, n in enumerate(blocks):
             layers = []
             for _ in range(n):
@@ -101,6 +106,7 @@ def densenet_cifar(
     depth: int = 121,
     growth_rate: int = 32,
     dropout: float = 0.0,
+    stage_blocks: Sequence[int] | None = None,
 ) -> DenseNetCifar:
     return DenseNetCifar(
         num_classes,
@@ -108,4 +114,5 @@ def densenet_cifar(
         depth=int(depth),
         growth_rate=int(growth_rate),
         dropout=float(dropout),
+        stage_blocks=stage_blocks,
     )

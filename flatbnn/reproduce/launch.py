@@ -37,7 +37,10 @@ SMOKE_METHOD = {"num_samples": 2, "num_members": 2, "swa_start": 0, "burn_in": 0
 # the deep CIFAR backbones at their family's smallest depth (same builder, same keys, one block per stage): a smoke
 # step of PyramidNet-272 or WRN-28-10 costs a minute on 2 CPU cores and checks nothing the shallow one does not
 SMOKE_MODEL = {"wrn": {"depth": 10, "widen_factor": 1}, "pyramidnet": {"depth": 11}, "resnext_cifar": {"depth": 11},
-               "resnet_cifar": {"depth": 8}, "preresnet": {"depth": 11}}
+               "resnet_cifar": {"depth": 8}, "preresnet": {"depth": 11},
+               # ResNet-18 -> 10 (one block per stage), VGG-19 -> 11: 2-5 s a smoke job each on the CI machine's
+               # 2 cores (flatbnn_t3's 12 ResNet-18 SGVB cells, fsam_t1's 8 VGG-19-BN) for nothing the shallow one misses
+               "resnet": {"depth": 10}, "vgg": {"depth": 11}}
 SMOKE_COUNTS = {"num_samples", "num_members", "max_samples", "max_rank", "temperature"}
 # ImageNet nets whose global pooling takes any input size: their smoke step at 64 px (dataset.image_size: the
 # 224-px pipeline, then resized). At 224 px the 12 cells of flatbnn_t4 took 9 of the smoke stage's 19 minutes on
@@ -45,7 +48,7 @@ SMOKE_COUNTS = {"num_samples", "num_members", "max_samples", "max_rank", "temper
 SMOKE_IMAGE_SIZE = {"resnet152": 64, "densenet161": 64}
 # ... and at one block per stage (model.stage_blocks: the same torchvision class and widths; 10.1M / 0.53M parameters
 # instead of 60.2M / 28.7M for 1000 classes): the 12 cells of flatbnn_t4 were still the smoke stage's longest row (238 s)
-SMOKE_STAGE_BLOCKS = {"resnet152": [1, 1, 1, 1], "densenet161": [1, 1, 1, 1]}
+SMOKE_STAGE_BLOCKS = {"resnet152": [1, 1, 1, 1], "densenet161": [1, 1, 1, 1], "densenet_cifar": [1, 1, 1, 1]}
 
 
 def cell_config_name(cell_id: str, seed: int) -> str:

@@ -18,7 +18,9 @@ def git_commit(untracked: bool = False) -> dict:
     """``{"commit": sha, "dirty": bool}`` of this checkout.
 
     ``untracked=True`` also counts untracked files as dirty (the toy reproductions: a run made before
-    new code is committed must say so). Outside a git checkout (no ``.git``, no git) the commit is
+    new code is committed must say so). ``results/`` does not count: no run reads it, and its generated
+    files (the status board, comparisons) change while runs train -- a regenerated board must not mark a
+    run made with committed code "dirty". Outside a git checkout (no ``.git``, no git) the commit is
     ``$FLATBNN_COMMIT`` if set -- code copied to a cluster or a GPU box without its history; whoever
     copies it names the commit -- with ``dirty`` None (unknown), else ``"unknown"``."""
     try:
@@ -29,6 +31,7 @@ def git_commit(untracked: bool = False) -> dict:
             status = ["git", "-C", str(REPO_DIR), "status", "--porcelain"]
             if not untracked:
                 status.append("--untracked-files=no")
+            status += ["--", ".", ":(exclude)results"]
             dirty = subprocess.run(status, capture_output=True, text=True, timeout=10).stdout.strip() != ""
             return {"commit": sha, "dirty": dirty}
     except (OSError, subprocess.SubprocessError):

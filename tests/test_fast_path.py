@@ -49,9 +49,12 @@ def _close(a: dict, b: dict, tol: float) -> None:
         assert math.isclose(a[k], b[k], rel_tol=tol, abs_tol=tol), (k, a[k], b[k])
 
 
-def test_channels_last_run_gives_the_eager_metrics(tmp_path):
-    """Same data, init and SAM steps through the whole engine in NCHW and NHWC: same test metrics."""
-    base = _fake_cifar(tmp_path)
+@pytest.mark.parametrize("method", [[], ["method=f_swag", "method.swa_start=0", "method.num_samples=2"]],
+                         ids=["map", "f_swag"])
+def test_channels_last_run_gives_the_eager_metrics(method, tmp_path):
+    """Same data, init and SAM steps through the whole engine in NCHW and NHWC: same test metrics. F-SWAG
+    flattens the weights to collect and writes samples back (parameters_to_vector raised on NHWC weights)."""
+    base = _fake_cifar(tmp_path) + method
     eager = run_cfg(base, tmp_path / "eager")
     nhwc = run_cfg(base + ["trainer.channels_last=true"], tmp_path / "nhwc")
     # 3 SAM steps amplify float rounding to ~4e-4 relative in ECE (measured); a layout bug is O(1)

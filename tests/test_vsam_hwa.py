@@ -11,6 +11,7 @@ from torch import nn
 from flatbnn.engine.backprop import Backprop
 from flatbnn.flatness import SAM, NoFlatness
 from flatbnn.methods import RunContext
+from flatbnn.methods.flat import unflatten
 from flatbnn.methods.hwa import HWA
 from flatbnn.methods.vsam import VariationalSAM
 from flatbnn.nn.bayesian import bayesian_layers
@@ -94,7 +95,7 @@ def test_vsam_closed_form_m_gradient_equals_autograd_of_its_objective():
             mm.uniform_(0.5, 8.0)
     g = _grads(net, *_data())
     auto = torch.autograd.grad(m.m_loss(g), m.M)
-    closed = m._split(m.m_grad(*m._ellipsoid(g)), m.M)
+    closed = unflatten(m.m_grad(*m._ellipsoid(g)), m.M)
     for a, c in zip(auto, closed):
         torch.testing.assert_close(c, a, rtol=1e-12, atol=1e-15)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from flatbnn.methods.base import Method
+from flatbnn.methods.flat import flatten, unflatten
 
 
 def batch_size(batch) -> int:
@@ -78,13 +79,9 @@ class DiagonalGaussianMethod(Method):
         """Mean over DDP ranks of a list of tensors (one flat all-reduce)."""
         if self.ctx.world_size <= 1 or self.ctx.all_reduce_mean is None or not tensors:
             return tensors
-        flat = torch.cat([t.reshape(-1) for t in tensors])
+        flat = flatten(tensors)
         self.ctx.all_reduce_mean(flat)
-        out, i = [], 0
-        for t in tensors:
-            out.append(flat[i:i + t.numel()].view_as(t))
-            i += t.numel()
-        return out
+        return unflatten(flat, tensors)
 
     # ---------------------------------------------------------------- prediction
     @torch.no_grad()

@@ -53,6 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from flatbnn.methods.batchnorm import refresh_batchnorm
+from flatbnn.methods.flat import flatten
 from flatbnn.methods.sgvb import SGVB
 
 VARIANCES = ("mixture", "eq4", "svi")
@@ -123,7 +124,7 @@ class HWA(SGVB):
 
     # ---------------------------------------------------------------- vectors
     def mean_vector(self) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1) for p in self.mean_params])
+        return flatten(self.mean_params)
 
     def variance_vector(self) -> torch.Tensor:
         """sigma^2 of each mean parameter (0 for deterministic ones)."""

@@ -23,10 +23,10 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from flatbnn.methods.base import Method
 from flatbnn.methods.batchnorm import refresh_batchnorm
+from flatbnn.methods.flat import copy_flat_, flatten
 
 MODES = {"swa": 0.0, "swag": 0.5, "swag_diag": 1.0}
 
@@ -61,7 +61,7 @@ class SWAG(Method):
     # ---------------------------------------------------------------- collection
     def setup(self, ctx) -> None:
         super().setup(ctx)
-        p = parameters_to_vector(self.parameters()).detach()
+        p = flatten(self.parameters())
         self.mean = torch.zeros_like(p)
         self.sq_mean = torch.zeros_like(p)
         # ring buffer of the last max_rank deviations (no per-collection reallocation)
@@ -74,7 +74,7 @@ class SWAG(Method):
 
     @torch.no_grad()
     def collect(self) -> None:
-        w = parameters_to_vector(self.parameters()).detach()
+        w = flatten(self.parameters())
         n = self.n_collected
         self.mean.mul_(n / (n + 1)).add_(w / (n + 1))
         self.sq_mean.mul_(n / (n + 1)).add_(w * w / (n + 1))
@@ -129,19 +129,19 @@ class SWAG(Method):
             raise RuntimeError(f"method={self.mode}: no weights were collected (swa_start={self.swa_start} "
                                f"-> epoch {self.start_epoch} of {self.ctx.epochs}); lower method.swa_start")
         k = 1 if self.mode == "swa" else int(num_samples or self.num_samples)
-        current = parameters_to_vector(self.parameters()).detach().clone()
+        current = flatten(self.parameters())
         buffers = {n: b.clone() for n, b in self.module.named_buffers()}
         g = torch.Generator(device=self.mean.device).manual_seed(self.eval_seed)
         try:
             for _ in range(k):
-                vector_to_parameters(self.sample_vector(g), self.parameters())
+                copy_flat_(self.parameters(), self.sample_vector(g))
                 if self.bn_refresh:
                     refresh_batchnorm(self.module, self.ctx.train_loader, self.ctx.device,
                                       self.bn_refresh_fraction, self.ctx.all_reduce_mean, self.ctx.channels_last)
                 self.module.eval()
                 yield self.log_probs_on(loaders)
         finally:  # leave the training state untouched (resume, further training)
-            vector_to_parameters(current, self.parameters())
+            copy_flat_(self.parameters(), current)
             for n, b in self.module.named_buffers():
                 b.copy_(buffers[n])
 

@@ -35,6 +35,7 @@ import math
 import torch
 
 from flatbnn.methods.base import Method
+from flatbnn.methods.flat import copy_flat_, flatten, unflatten
 
 
 class VariationalSAM(Method):
@@ -82,18 +83,11 @@ class VariationalSAM(Method):
     # Every weight tensor's share is computed on ONE flat vector (torch.cat of the tensors). Per tensor, a
     # WRN-28-2 step made 12,513 aten calls (SAM: 5,229; now 5,645, CPU profiler), and a VSAM step cost 2.7x a
     # SAM step on an H200 (results/bench/), where small ops are launch-bound. Same values up to sum order.
-    @staticmethod
-    def _flat(tensors) -> torch.Tensor:
-        return torch.cat([t.reshape(-1) for t in tensors])
-
-    @staticmethod
-    def _split(flat: torch.Tensor, like) -> list[torch.Tensor]:
-        return [v.view_as(t) for v, t in zip(flat.split([t.numel() for t in like]), like)]
-
+    # (flatbnn.methods.flat: the same helpers SWAG and the diagonal-Gaussian all-reduce use.)
     @torch.no_grad()
     def _ellipsoid(self, grads):
         """Flat g, flat M and sum g^2 / M^2."""
-        g, m = self._flat(grads), self._flat(self.M)
+        g, m = flatten(grads), flatten(self.M)
         return g, m, (g * g / (m * m)).sum()
 
     @torch.no_grad()
@@ -103,7 +97,7 @@ class VariationalSAM(Method):
         norm = torch.sqrt(quad)
         # a non-finite gradient gives no ascent; decided on the device (`if` on a tensor syncs every step)
         eps = torch.where(torch.isfinite(norm), self.rho * g / (m * m) / (norm + self.eps), torch.zeros_like(g))
-        return self._split(eps, grads)
+        return unflatten(eps, grads)
 
     def m_loss(self, grads) -> torch.Tensor:
         """rho sqrt(sum g^2/M^2) + (1/2N)(sum M^-2/sigma_prior + sum log M^2), g fixed (the objective; the step
@@ -138,7 +132,7 @@ class VariationalSAM(Method):
             m_grad = m_grad * backprop.scaler.get_scale()  # scaled like the data term for fp16
         with torch.no_grad():
             weights = [p.detach() for p in params]
-            saved = self._flat(weights)
+            saved = flatten(weights)
             torch._foreach_add_(weights, eps)
             for p in params:
                 p.grad = None
@@ -146,8 +140,8 @@ class VariationalSAM(Method):
         with backprop.bn_updates(self.bn_stats in ("second", "both")):
             backprop.backward(backprop.forward(self.loss_fn, batch))
         with torch.no_grad():
-            torch._foreach_copy_(weights, self._split(saved, weights))
-            for m, g in zip(self.M, self._split(m_grad, self.M)):
+            copy_flat_(weights, saved)
+            for m, g in zip(self.M, unflatten(m_grad, self.M)):
                 m.grad = g
         backprop.step(self.optimizer)
         with torch.no_grad():  # keep Sigma = M^-2 finite (weight decay / large steps can cross zero)

@@ -426,6 +426,52 @@ def test_a_job_another_row_already_ran_is_linked_not_retrained(tmp_path, monkeyp
     assert ("sam05", 1) not in launch.reusable_runs([(c, 1) for c in dst.cells_for("cpu")], "cpu", out, [])
 
 
+def test_a_committed_record_of_another_row_is_linked_when_its_run_dir_is_gone(tmp_path, monkeypatch):
+    """A fresh clone has no outputs/: the other rows' committed records still say which runs exist (bSAM Fig 4's
+    default-rho cells are T1's). Not the row's own records (rerunning a row reproduces it), not a record that was
+    itself a link (its source is indexed), and a live run dir wins over a record."""
+    from flatbnn.reproduce import archive
+
+    rows_dir, out_root, results = tmp_path / "rows", tmp_path / "out", tmp_path / "results"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    monkeypatch.setattr(launch, "OUTPUT_ROOT", out_root)
+    monkeypatch.setattr(archive, "ARCHIVE_ROOT", results)
+    base = ["dataset=digits", "model=mlp", "trainer.epochs=2", "trainer.progress=false"]
+    for name, cells in [("src", {"sam": ["flatness=sam"]}), ("dst", {"sam05": ["flatness=sam", "flatness.rho=0.05"]})]:
+        (rows_dir / f"{name}.yaml").write_text(yaml.safe_dump(
+            {"row": name, "paper": "none", "title": name, "kind": "train", "axes": ["method"], "base": base,
+             "values": {"method": cells}, "seeds": [0, 1, 2], "scales": {"cpu": {"overrides": []},
+                                                                        "smoke": {"overrides": []}}}))
+    src, dst = spec.load_row("src"), spec.load_row("dst")
+    for seed in (0, 1):
+        run = _finished_like(out_root, src, "sam", seed)
+        archive.archive_run(run, archive.record_dir(results, "src", "cpu", "sam", seed))
+    own = _finished_like(tmp_path / "elsewhere", dst, "sam05", 2)   # dst's own record of seed 2
+    archive.archive_run(own, archive.record_dir(results, "dst", "cpu", "sam05", 2))
+    rec1 = archive.record_dir(results, "src", "cpu", "sam", 1)
+    import shutil
+    shutil.rmtree(out_root / "src" / "cpu" / "sam" / "seed1")       # seed 1: only its record is left
+    out = out_root / "dst" / "cpu"
+    todo = [(c, s) for c in dst.cells_for("cpu") for s in c.seeds]
+    found = launch.reusable_runs(todo, "cpu", out, [], "dst")
+    assert found == {("sam05", 0): out_root / "src" / "cpu" / "sam" / "seed0", ("sam05", 1): rec1}
+    s = launch.launch(dst, "cpu", out=out, dry_run=True)
+    assert [c for c in s["command"] if c.startswith("+cell=")] == ["+cell=sam05__s2"]   # its own record: retrained
+    launch.link_reused(out, "sam05", 1, rec1)
+    assert launch.job_state(out, "sam05", 1)[0] == "done"
+    archive.archive_row(dst, "cpu", out, results)                   # dst's record of seed 1 is now a link ...
+    assert json.loads((archive.record_dir(results, "dst", "cpu", "sam05", 1) / "record.json").read_text())[
+        "reused_from"]
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)                 # ... which a third row never reuses
+    (rows_dir / "third.yaml").write_text((rows_dir / "dst.yaml").read_text().replace("dst", "third"))
+    shutil.rmtree(results / "src")
+    third = spec.load_row("third")
+    found = launch.reusable_runs([(c, 1) for c in third.cells_for("cpu")], "cpu", out_root / "third" / "cpu", [],
+                                 "third")
+    assert found == {}
+
+
 def test_bsam_rows_share_their_common_cells_with_table_1():
     """The cells the reuse saves (bSAM T3's bsam = T1's bsam; T5's M = 8 cells = T1's bsam and sam_sgd; VSAM T4's
     sgd / sam / vsam / rsam = T3's): a spec edit that makes them differ silently doubles their cost -- this fails."""

@@ -181,28 +181,45 @@ def job_state(out: Path, cell_id: str, seed: int) -> tuple[str, str]:
     return "pending", ""
 
 
-def _finished_runs_elsewhere(out: Path, scale: str) -> dict[tuple, Path]:
+def _finished_runs_elsewhere(out: Path, scale: str, row_name: str | None = None) -> dict[tuple, Path]:
     """{(seed, training-config key): run dir} of every finished, non-linked run of the OTHER training rows at
-    ``scale`` (an eval row's dirs hold re-evaluations, not training runs)."""
+    ``scale`` (an eval row's dirs hold re-evaluations, not training runs): their live run dirs under OUTPUT_ROOT
+    first, then their committed records (archive.py) -- a fresh clone has no outputs/, but the records say which
+    runs exist and hold all a comparison reads. A record that was itself a link is skipped (its source is indexed)."""
+    from flatbnn.reproduce import archive
     from flatbnn.reproduce.aggregate import _canon, config_key
     from flatbnn.reproduce.spec import list_rows, load_row
 
+    this_row = row_name or Path(out).resolve().parent.name  # its own records: the launcher retrains, see archive.py
     train_rows = {name for name in list_rows() if load_row(name).kind == "train"}
     index = {}
+
+    def add(cfg_file: Path) -> None:
+        run = cfg_file.parent
+        if run.is_symlink() or not (run / "results.json").exists():
+            return
+        rec = run / "record.json"
+        if rec.is_file() and json.loads(rec.read_text()).get("reused_from"):
+            return
+        cfg = yaml.safe_load(cfg_file.read_text()) or {}
+        index.setdefault((_canon(cfg.get("seed")), _canon(config_key(cfg))), run)
+
     for d in sorted(OUTPUT_ROOT.glob(f"*/{scale}")):
         if d.resolve() == Path(out).resolve() or d.parent.name not in train_rows:
             continue
         for cfg_file in sorted(d.rglob("config_resolved.yaml")):
-            run = cfg_file.parent
-            if run.is_symlink() or not (run / "results.json").exists():
+            add(cfg_file)
+    if scale in archive.SCALES:
+        for d in sorted(Path(archive.ARCHIVE_ROOT).glob(f"*/{scale}/runs")):
+            if d.parent.parent.name == this_row or d.parent.parent.name not in train_rows:
                 continue
-            cfg = yaml.safe_load(cfg_file.read_text()) or {}
-            index.setdefault((_canon(cfg.get("seed")), _canon(config_key(cfg))), run)
+            for cfg_file in sorted(d.rglob("config_resolved.yaml")):
+                add(cfg_file)
     return index
 
 
 def reusable_runs(todo: list[tuple[Cell, int]], scale: str, out: Path,
-                  extra: list[str]) -> dict[tuple[str, int], Path]:
+                  extra: list[str], row_name: str | None = None) -> dict[tuple[str, int], Path]:
     """The jobs of ``todo`` that another row already ran at this scale: same seed and the same composed training
     config (aggregate.config_key: every key except run location, display, data paths and the reproduce labels).
     E.g. bSAM T3's bsam cell and T5's M = 8 cells are T1's; VSAM T4's sgd/sam/vsam/rsam are T3's. Such a job is
@@ -211,7 +228,7 @@ def reusable_runs(todo: list[tuple[Cell, int]], scale: str, out: Path,
     todo = [(c, s) for c, s in todo if not run_dir(out, c.id, s).exists() and not run_dir(out, c.id, s).is_symlink()]
     if scale == "smoke" or not todo:
         return {}
-    index = _finished_runs_elsewhere(out, scale)
+    index = _finished_runs_elsewhere(out, scale, row_name)
     if not index:
         return {}
     found = {}
@@ -347,7 +364,7 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
     # seed-major order: a row cut short still has every cell at its first seeds (the direction checks need pairs)
     jobs.sort(key=lambda cs: (cs[0].seeds.index(cs[1]), [c.id for c in runnable].index(cs[0].id)))
     todo = [(c, s) for c, s in jobs if force or job_state(out, c.id, s)[0] != "done"]
-    reuse = {} if force else reusable_runs(todo, scale, out, list(extra))
+    reuse = {} if force else reusable_runs(todo, scale, out, list(extra), row.row)
     for (cid, seed), src in reuse.items():
         print(f"  {cid}/seed{seed}: reusing {src} (same seed and training config)", file=sys.stderr)
         if not dry_run:

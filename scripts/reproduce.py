@@ -64,8 +64,9 @@ def _run_row(name: str, args, extra: list[str]) -> int:
         if args.scale != "smoke" and not args.dry_run and row.kind == "train":
             preflight.check_data(row, args.scale, extra, cells_glob=args.cells)
         if row.kind == "eval":
-            summary = launch.launch_eval(row, args.scale, out=out, extra=extra, force=args.force,
-                                         dry_run=args.dry_run, cells_glob=args.cells, seeds=args.seeds)
+            summary = launch.launch_eval(row, args.scale, out=out, extra=extra, launcher=args.launcher,
+                                         force=args.force, dry_run=args.dry_run, cells_glob=args.cells,
+                                         seeds=args.seeds)
         else:
             summary = launch.launch(row, args.scale, out=out, extra=extra, launcher=args.launcher,
                                     force=args.force, dry_run=args.dry_run, cells_glob=args.cells, seeds=args.seeds)

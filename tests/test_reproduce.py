@@ -472,6 +472,51 @@ def test_a_committed_record_of_another_row_is_linked_when_its_run_dir_is_gone(tm
     assert found == {}
 
 
+def test_an_eval_row_is_one_hydra_multirun_of_evaluations_that_a_launcher_can_take(tmp_path, monkeypatch):
+    """bSAM T4 / FlatBNN T5 used to run evaluate.py one process after another on the machine calling reproduce.py
+    (at paper scale: a login node), ignoring --launcher. Now each (cell, seed) is a member of one multirun of
+    flatbnn.reproduce.eval_job: the job's result is evaluate.py's, a refused member fails alone, the data extras
+    reach every evaluation and the hydra.* ones the sweep, and the aggregate reads the evaluated config."""
+    from flatbnn.reproduce import aggregate
+
+    rows_dir, out_root = tmp_path / "rows", tmp_path / "out"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    monkeypatch.setattr(launch, "OUTPUT_ROOT", out_root)
+    (rows_dir / "trn.yaml").write_text(yaml.safe_dump(
+        {"row": "trn", "paper": "none", "title": "trn", "kind": "train", "axes": ["method"],
+         "base": ["dataset=digits", "model=mlp", "trainer.epochs=1", "trainer.progress=false"],
+         "values": {"method": {"map": ["method=map"]}}, "seeds": [0],
+         "scales": {"cpu": {"overrides": []}, "smoke": {"overrides": []}}}))
+    (rows_dir / "ev.yaml").write_text(yaml.safe_dump(
+        {"row": "ev", "paper": "none", "title": "ev", "kind": "eval", "eval_from": {"row": "trn", "cell": "map"},
+         "axes": ["bins"], "values": {"bins": {"b20": ["metrics.ece_bins=20"], "lr": ["optimizer.lr=0.5"]}},
+         "seeds": [0], "scales": {"cpu": {"overrides": []}, "smoke": {"overrides": []}}}))
+    assert launch.launch(spec.load_row("trn"), "cpu")["returncode"] == 0
+    src = out_root / "trn" / "cpu" / "map" / "seed0"
+    row = spec.load_row("ev")
+    dry = launch.launch_eval(row, "cpu", launcher="cpu_parallel", extra=["hydra.launcher.n_jobs=2"], dry_run=True)
+    assert dry["command"][1:3] == ["-m", "flatbnn.reproduce.eval_job"] and "+cell=b20__s0,lr__s0" in dry["command"]
+    assert dry["command"][-2:] == ["hydra/launcher=cpu_parallel", "hydra.launcher.n_jobs=2"]
+    assert not (out_root / "ev").exists()                      # a dry run writes nothing
+
+    s = launch.launch_eval(row, "cpu", extra=["trainer.eval_batch_size=7"])
+    assert s["returncode"] == 1 and s["jobs"]["b20/seed0"]["state"] == "done"
+    assert s["jobs"]["lr/seed0"]["state"] == "failed" and "optimizer.lr" in s["jobs"]["lr/seed0"]["detail"]
+    out = out_root / "ev" / "cpu"
+    got = json.loads((out / "b20" / "seed0" / "results.json").read_text())
+    assert got == json.loads((src / "eval" / "ev" / "results.json").read_text())   # evaluate.py's own result
+    assert got["meta"]["evaluated_from"]["overrides"] == ["metrics.ece_bins=20", "trainer.eval_batch_size=7"]
+    trained = json.loads((src / "results.json").read_text())
+    assert got["metrics"]["accuracy"] == trained["metrics"]["accuracy"]            # the same weights, re-evaluated
+    assert got["meta"]["metric_conventions"]["ece_bins"] == 20 != trained["meta"]["metric_conventions"]["ece_bins"]
+    runs, failed = aggregate.load_runs([out])
+    assert [r.config["metrics"]["ece_bins"] for r in runs] == [20] and runs[0].config["dataset"]["name"] == "digits"
+    assert [f.path.name for f in failed] == ["seed0"] and "optimizer.lr" in failed[0].message
+    again = launch.launch_eval(row, "cpu", cells_glob="b20")   # a finished job is not evaluated again
+    assert again["command"] == [] and again["jobs"]["b20/seed0"]["state"] == "done"
+
+
 def test_bsam_rows_share_their_common_cells_with_table_1():
     """The cells the reuse saves (bSAM T3's bsam = T1's bsam; T5's M = 8 cells = T1's bsam and sam_sgd; VSAM T4's
     sgd / sam / vsam / rsam = T3's): a spec edit that makes them differ silently doubles their cost -- this fails."""

@@ -170,9 +170,11 @@ def load_runs(paths: Iterable[str | Path], warn=None) -> tuple[list[Run], list[F
             warn(f"skipping {f}: {e}")
             failed.append(_failed_dir(d, f"unreadable results.json ({e})"))
             continue
-        config = _read_yaml(d / ".hydra" / "config.yaml")
-        if config is None and isinstance((results.get("meta") or {}).get("evaluated_from"), dict):
-            config = _evaluation_config(d, results["meta"]["evaluated_from"])
+        # an evaluation's config is the evaluated run's plus the overrides (an eval-row job's own .hydra/ holds
+        # only which run it evaluated: flatbnn/reproduce/eval_job.py)
+        evaluated_from = (results.get("meta") or {}).get("evaluated_from")
+        config = _evaluation_config(d, evaluated_from) if isinstance(evaluated_from, dict) else None
+        config = config if config is not None else _read_yaml(d / ".hydra" / "config.yaml")
         runs.append(Run(path=d, results=results, config=config if isinstance(config, dict) else None))
     done = set(result_files)
     for d in sorted(hydra_dirs - done):

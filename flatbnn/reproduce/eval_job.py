@@ -1,0 +1,64 @@
+"""One job of an eval row (docs/reproduce.md): evaluate.py's routine on one finished training run, run as a member
+of a Hydra multirun, so an eval row uses the same launchers as a training row -- SLURM / joblib / submitit-local
+through ``reproduce.py run ROW --launcher ...`` -- instead of evaluating every run in turn on the calling machine.
+
+    python -m flatbnn.reproduce.eval_job --multirun 'hydra.searchpath=[file://OUT/.hydra_cells]' +cell=A,B \\
+        hydra.sweep.dir=OUT 'hydra.sweep.subdir=${reproduce.cell}/seed${seed}' [hydra/launcher=slurm]
+
+(launch.launch_eval writes the cell configs and this command.) A job writes ``<source>/eval/<name>/results.json``
+(evaluate.py's place, beside the trained run) and copies it into its own directory, the eval row's run dir. A failing
+member writes ``failed.txt`` there with a one-line reason and the sweep goes on; the process exits 1 at the end.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from flatbnn.cli import install_hydra_error_handler, one_line_error
+
+REPO = Path(__file__).resolve().parents[2]
+FAILED_JOBS: list[tuple[str, str]] = []
+
+
+def _evaluate_cli():
+    """evaluate.py, the user-facing script, loaded by path (a top-level ``import evaluate`` could pick up another
+    package of that name)."""
+    spec = importlib.util.spec_from_file_location("flatbnn_evaluate_cli", REPO / "evaluate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@hydra.main(version_base="1.3", config_path="../../configs", config_name="eval_job")
+def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from flatbnn.engine.checkpoint import write_bytes
+
+    dest = Path(HydraConfig.get().runtime.output_dir)
+    source, name = Path(cfg.source), str(cfg.eval_name)
+    try:
+        _evaluate_cli().evaluate_run(source, [str(o) for o in cfg.overrides], name)
+        write_bytes(dest / "results.json", (source / "eval" / name / "results.json").read_bytes())
+    except Exception as e:  # one member fails alone: its dir says why, the sweep goes on
+        line = one_line_error(e) or f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / "failed.txt").write_text(traceback.format_exc() + "\n" + line + "\n")
+        print(f"flatbnn: error in {dest}: {line}", file=sys.stderr)
+        FAILED_JOBS.append((str(dest), line))
+
+
+if __name__ == "__main__":
+    install_hydra_error_handler()
+    main()
+    if FAILED_JOBS:
+        print(f"flatbnn: {len(FAILED_JOBS)} evaluation(s) failed (see failed.txt in each dir):", file=sys.stderr)
+        for d, line in FAILED_JOBS:
+            print(f"  {d}: {line}", file=sys.stderr)
+        sys.exit(1)

@@ -17,7 +17,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from flatbnn.cli import EXIT_CONFIG, EXIT_PREEMPTED, install_hydra_error_handler, one_line_error
+from flatbnn.cli import (EXIT_CONFIG, EXIT_PREEMPTED, exit_if_members_failed, install_hydra_error_handler,
+                         one_line_error)
 
 
 def _nonzero_rank_overrides() -> None:
@@ -110,8 +111,4 @@ if __name__ == "__main__":
     _nonzero_rank_overrides()
     install_hydra_error_handler()  # an unknown key / group option, a bad override: one line, exit 2
     main()
-    if FAILED_JOBS:
-        print(f"flatbnn: {len(FAILED_JOBS)} sweep member(s) failed (see failed.txt in each run dir):", file=sys.stderr)
-        for d, line in FAILED_JOBS:
-            print(f"  {Path(d)}: {line}", file=sys.stderr)
-        sys.exit(1)
+    exit_if_members_failed(FAILED_JOBS)

@@ -125,3 +125,16 @@ def install_hydra_error_handler() -> None:
 
 def _reraise(e: BaseException):
     raise e
+
+
+def exit_if_members_failed(failed: list[tuple[str, str]], what: str = "sweep member(s)") -> None:
+    """End of a ``--multirun`` whose failing members wrote ``failed.txt`` and let the sweep go on (train.py,
+    flatbnn.reproduce.eval_job): list them, one line each, and exit 1."""
+    import sys
+
+    if not failed:
+        return
+    print(f"flatbnn: {len(failed)} {what} failed (see failed.txt in each run dir):", file=sys.stderr)
+    for run_dir, line in failed:
+        print(f"  {run_dir}: {line}", file=sys.stderr)
+    sys.exit(1)

@@ -20,7 +20,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from flatbnn.cli import install_hydra_error_handler, one_line_error
+from flatbnn.cli import exit_if_members_failed, install_hydra_error_handler, one_line_error
 
 REPO = Path(__file__).resolve().parents[2]
 FAILED_JOBS: list[tuple[str, str]] = []
@@ -57,8 +57,4 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     install_hydra_error_handler()
     main()
-    if FAILED_JOBS:
-        print(f"flatbnn: {len(FAILED_JOBS)} evaluation(s) failed (see failed.txt in each dir):", file=sys.stderr)
-        for d, line in FAILED_JOBS:
-            print(f"  {d}: {line}", file=sys.stderr)
-        sys.exit(1)
+    exit_if_members_failed(FAILED_JOBS, "evaluation(s)")

@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from flatbnn.cli import exit_if_members_failed, install_hydra_error_handler, one_line_error
 
@@ -44,7 +44,9 @@ def main(cfg: DictConfig) -> None:
     dest = Path(HydraConfig.get().runtime.output_dir)
     source, name = Path(cfg.source), str(cfg.eval_name)
     try:
-        _evaluate_cli().evaluate_run(source, [str(o) for o in cfg.overrides], name)
+        # unresolved: an override is passed on as the user wrote it (evaluate.py parses it), not interpolated here
+        overrides = [str(o) for o in OmegaConf.to_container(cfg.overrides, resolve=False)]
+        _evaluate_cli().evaluate_run(source, overrides, name)
         write_bytes(dest / "results.json", (source / "eval" / name / "results.json").read_bytes())
     except Exception as e:  # one member fails alone: its dir says why, the sweep goes on
         line = one_line_error(e) or f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"

@@ -71,7 +71,8 @@ reproduce-fsam-sweep: setup
 
 # ---------------------------------------------------------------------------- paper rows (docs/reproduce.md)
 #   make reproduce-<row> SCALE=smoke|cpu|paper [ARGS="dataset.root=..."] [LAUNCHER=slurm|local|cpu_parallel|gpu_shared] [DRY=1]
-#     LAUNCHER: a configs/hydra/launcher option (docs/cluster.md); DRY=1 prints the sweep command, runs nothing
+#     LAUNCHER: a configs/hydra/launcher option (docs/cluster.md); DRY=1 prints the sweep command, runs nothing;
+#     MISSING=1 skips the jobs the row's committed records hold (finish a row in a fresh clone / on another cluster)
 #   make reproduce-all SCALE=smoke [JOBS=4]   (CI) every row (JOBS rows at a time), then results/STATUS.md
 #   make compare-<row> SCALE=cpu              rerender the comparison from whatever runs exist
 #   make status                               regenerate results/STATUS.md
@@ -79,7 +80,8 @@ SCALE    ?= smoke
 ARGS     ?=
 LAUNCHER ?=
 DRY      ?=
-REPRO_FLAGS = --scale $(SCALE) $(if $(LAUNCHER),--launcher $(LAUNCHER)) $(if $(DRY),--dry-run)
+MISSING  ?=
+REPRO_FLAGS = --scale $(SCALE) $(if $(LAUNCHER),--launcher $(LAUNCHER)) $(if $(DRY),--dry-run) $(if $(MISSING),--missing)
 
 .PHONY: reproduce-all status rows-check
 reproduce-all: setup

@@ -14,7 +14,8 @@ Everything after ``--`` is passed to every job as a Hydra override (data roots, 
 ``--out DIR`` sweeps somewhere else (``run``: the row's sweep dir; ``all``: a root, one ``DIR/<row>/<scale>`` per
 row); the comparison then goes to ``DIR/comparison/<row>/``, not into the committed ``results/reproduce/``, unless
 ``--results results/reproduce`` says so (e.g. paper-scale runs on a cluster's scratch disk, tables into the repo).
-Rerunning ``run`` skips finished (cell, seed) jobs and resumes interrupted ones from their checkpoints.
+Rerunning ``run`` skips finished (cell, seed) jobs and resumes interrupted ones from their checkpoints;
+``--missing`` also skips the jobs the row's committed records hold (a fresh clone: only what no record has).
 Exit codes: 0 all jobs done (blocked cells are reported, not failures), 1 a job failed, 2 bad spec / missing data.
 """
 
@@ -63,13 +64,10 @@ def _run_row(name: str, args, extra: list[str]) -> int:
     else:
         if args.scale != "smoke" and not args.dry_run and row.kind == "train":
             preflight.check_data(row, args.scale, extra, cells_glob=args.cells)
-        if row.kind == "eval":
-            summary = launch.launch_eval(row, args.scale, out=out, extra=extra, launcher=args.launcher,
-                                         force=args.force, dry_run=args.dry_run, cells_glob=args.cells,
-                                         seeds=args.seeds)
-        else:
-            summary = launch.launch(row, args.scale, out=out, extra=extra, launcher=args.launcher,
-                                    force=args.force, dry_run=args.dry_run, cells_glob=args.cells, seeds=args.seeds)
+        launch_row = launch.launch_eval if row.kind == "eval" else launch.launch
+        summary = launch_row(row, args.scale, out=out, extra=extra, launcher=args.launcher, force=args.force,
+                             dry_run=args.dry_run, cells_glob=args.cells, seeds=args.seeds, missing=args.missing,
+                             records=_results_root(args))
         failed = [f"{k}: {v['detail']}" for k, v in summary["jobs"].items() if v["state"] == "failed"]
         for line in failed:
             print(f"  FAILED {line}", file=sys.stderr)
@@ -91,6 +89,7 @@ def _run_rows_in_parallel(names: list[str], args, extra: list[str]) -> list[int]
 
     flags = ["--scale", args.scale] + (["--launcher", args.launcher] if args.launcher else []) + \
         (["--cells", args.cells] if args.cells else []) + (["--force"] if args.force else []) + \
+        (["--missing"] if args.missing else []) + \
         (["--no-compare"] if args.no_compare else [])
     root = _results_root(args)
 
@@ -132,7 +131,11 @@ def main(argv=None) -> int:
         p.add_argument("--cells", default=None, help="only the cells whose id matches this glob")
         p.add_argument("--seeds", default=None, type=lambda v: [int(x) for x in v.split(",")],
                        help="only these of the scale's seeds, e.g. 0 (every cell's first seed now, the rest later)")
-        p.add_argument("--force", action="store_true", help="rerun finished jobs from scratch")
+        again = p.add_mutually_exclusive_group()
+        again.add_argument("--force", action="store_true", help="rerun finished jobs from scratch")
+        again.add_argument("--missing", action="store_true",
+                           help="skip the jobs this row's committed records hold (results/reproduce/<row>/<scale>/"
+                                "runs/, or --results): finish a row begun on another machine or in a fresh clone")
         p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
         p.add_argument("--no-compare", action="store_true")
         if name == "all":

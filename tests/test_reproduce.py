@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -450,7 +451,6 @@ def test_a_committed_record_of_another_row_is_linked_when_its_run_dir_is_gone(tm
     own = _finished_like(tmp_path / "elsewhere", dst, "sam05", 2)   # dst's own record of seed 2
     archive.archive_run(own, archive.record_dir(results, "dst", "cpu", "sam05", 2))
     rec1 = archive.record_dir(results, "src", "cpu", "sam", 1)
-    import shutil
     shutil.rmtree(out_root / "src" / "cpu" / "sam" / "seed1")       # seed 1: only its record is left
     out = out_root / "dst" / "cpu"
     todo = [(c, s) for c in dst.cells_for("cpu") for s in c.seeds]
@@ -470,6 +470,52 @@ def test_a_committed_record_of_another_row_is_linked_when_its_run_dir_is_gone(tm
     found = launch.reusable_runs([(c, 1) for c in third.cells_for("cpu")], "cpu", out_root / "third" / "cpu", [],
                                  "third")
     assert found == {}
+
+
+def test_missing_trains_only_what_no_fresh_record_of_the_row_holds(tmp_path, monkeypatch, capsys):
+    """A row begun on one machine and finished on another (a fresh clone: the records, not the run dirs):
+    ``run --missing`` skips the jobs the row's own committed records hold -- not a stale record (trained with
+    another config than the spec's now), and not the jobs of another records root -- and says so; without it
+    the recorded jobs are retrained (rerunning a row reproduces it) and the launcher points at --missing."""
+    from flatbnn.reproduce import archive
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import reproduce as cli
+
+    rows_dir, out_root, results = tmp_path / "rows", tmp_path / "out", tmp_path / "results"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    monkeypatch.setattr(launch, "OUTPUT_ROOT", out_root)
+    (rows_dir / "r.yaml").write_text(yaml.safe_dump(
+        {"row": "r", "paper": "none", "title": "r", "kind": "train", "axes": ["method"],
+         "base": ["dataset=digits", "model=mlp", "trainer.epochs=2", "trainer.progress=false"],
+         "values": {"method": {"sam": ["flatness=sam", "flatness.rho=0.05"], "sgd": ["flatness=none"]}},
+         "seeds": [0, 1, 2], "scales": {"cpu": {"overrides": []}, "smoke": {"overrides": []}}}))
+    row = spec.load_row("r")
+    for seed, extra in [(0, []), (1, ["flatness.rho=0.1"])]:   # seed 1's record: trained at another rho
+        run = _finished_like(tmp_path / "elsewhere", row, "sam", seed, extra)
+        archive.archive_run(run, archive.record_dir(results, "r", "cpu", "sam", seed))
+    out = out_root / "r" / "cpu"
+    cells = lambda s: [c for c in s["command"] if c.startswith("+cell=")][0].split("=", 1)[1].split(",")
+    s = launch.launch(row, "cpu", out=out, dry_run=True, missing=True, records=results)
+    assert cells(s) == ["sgd__s0", "sam__s1", "sgd__s1", "sam__s2", "sgd__s2"]   # seed-major
+    assert s["jobs"]["sam/seed0"]["state"] == "done" and s["jobs"]["sam/seed0"]["detail"].startswith("archived:")
+    assert s["jobs"]["sam/seed1"]["state"] == "pending"
+    err = capsys.readouterr().err
+    assert "1 on record (--missing)" in err and "e.g. sam/seed1: retrained" in err
+    everything = launch.launch(row, "cpu", out=out, dry_run=True, records=results)
+    assert "sam__s0" in cells(everything) and len(cells(everything)) == 6
+    assert "pass --missing to train only the others" in capsys.readouterr().err
+    assert len(cells(launch.launch(row, "cpu", out=out, dry_run=True, missing=True))) == 6  # not the repo's records
+    with pytest.raises(spec.SpecError, match="contradict"):
+        launch.launch(row, "cpu", out=out, dry_run=True, missing=True, force=True)
+    seen = {}
+    monkeypatch.setattr(launch, "launch", lambda row, scale, **kw: seen.update(kw) or {"jobs": {}, "returncode": 0})
+    assert cli.main(["run", "r", "--scale", "cpu", "--missing", "--dry-run", "--out", str(out),
+                     "--results", str(results)]) == 0
+    assert seen["missing"] is True and seen["records"] == results
+    with pytest.raises(SystemExit):   # argparse refuses the pair before anything runs
+        cli.main(["run", "r", "--scale", "cpu", "--missing", "--force"])
 
 
 def test_an_eval_row_is_one_hydra_multirun_of_evaluations_that_a_launcher_can_take(tmp_path, monkeypatch):
@@ -515,6 +561,12 @@ def test_an_eval_row_is_one_hydra_multirun_of_evaluations_that_a_launcher_can_ta
     assert [f.path.name for f in failed] == ["seed0"] and "optimizer.lr" in failed[0].message
     again = launch.launch_eval(row, "cpu", cells_glob="b20")   # a finished job is not evaluated again
     assert again["command"] == [] and again["jobs"]["b20/seed0"]["state"] == "done"
+    from flatbnn.reproduce import archive
+    archive.archive_row(row, "cpu", out, tmp_path / "results")    # a fresh clone: the record, no run dir
+    shutil.rmtree(out / "b20")
+    kept = launch.launch_eval(row, "cpu", cells_glob="b20", dry_run=True, missing=True, records=tmp_path / "results")
+    assert kept["command"] == [] and kept["jobs"]["b20/seed0"]["detail"].startswith("archived:")
+    assert "+cell=b20__s0" in launch.launch_eval(row, "cpu", cells_glob="b20", dry_run=True)["command"]
 
 
 def test_bsam_rows_share_their_common_cells_with_table_1():
@@ -662,7 +714,6 @@ def test_committed_records_stand_in_for_lost_run_dirs_and_add_up_with_new_seeds(
     assert (rec / "metrics.jsonl").read_text() == '{"epoch": 1, "test/accuracy": 0.3}\n'
     assert not archive.archive_run(out / cell / "seed0", rec)  # unchanged: nothing rewritten
 
-    import shutil
     shutil.rmtree(out)                                    # the next session: outputs/ is gone
     _fake_run(out, cell, 1, 0.62, 1.0)
     _fake_run(out, cell, 2, 0.64, 0.9)

@@ -10,7 +10,7 @@ finished run's small files are copied to ``results/reproduce/<row>/<scale>/runs/
 ``reproduce.py run ROW --scale cpu --seeds 1,2`` today plus the seed-0 record of last week is a 3-seed table.
 
 The launcher does not read a row's own records: a job without a finished run dir is trained (rerunning a row
-reproduces it); pass ``--seeds`` / ``--cells`` to train only what no record holds. Other rows' records it reads to
+reproduces it); pass ``--missing`` (launch.recorded_jobs) to train only what no record holds. Other rows' records it reads to
 link an identical run instead of training it (launch.reusable_runs). A live run always wins over its record,
 and writing the comparison refreshes the record from it. Never at ``smoke`` scale (fake data, no numbers).
 """

@@ -357,11 +357,31 @@ def select_cells(cells: list[Cell], cells_glob: str | None, seeds: list[int] | N
     return [dataclasses.replace(c, seeds=[s for s in c.seeds if s in seeds]) for c in cells]
 
 
+def recorded_jobs(row: Row, scale: str, todo: list[tuple[Cell, int]],
+                  records: Path | None = None) -> dict[tuple[str, int], Path]:
+    """{(cell id, seed): record dir} of the jobs of ``todo`` that a committed record of THIS row already holds
+    (``records``: the comparisons' root, default results/reproduce; archive.py) and that is still the spec's run
+    -- a stale record (launch.stale_run) does not count. ``run --missing`` trains only the others: a row started
+    on one machine and finished on another (a fresh clone has the records, not the run dirs)."""
+    from flatbnn.reproduce.archive import archived
+
+    stale_checked = checks_staleness(row, scale)
+    found = {}
+    for cell, seed in todo:
+        rec = archived(records, row.row, scale, cell.id, seed)
+        if rec is not None and not (stale_checked and stale_run(cell, seed, rec)):
+            found[(cell.id, seed)] = rec
+    return found
+
+
 def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = (), launcher: str | None = None,
            force: bool = False, dry_run: bool = False, cells_glob: str | None = None,
-           fake_data: Path | None = None, seeds: list[int] | None = None) -> dict:
+           fake_data: Path | None = None, seeds: list[int] | None = None, missing: bool = False,
+           records: Path | None = None) -> dict:
     """Run every unfinished (cell, seed) of ``row`` at ``scale``; returns a summary dict (also written as
-    ``<out>/launch.json``)."""
+    ``<out>/launch.json``). ``missing``: skip the jobs a committed record under ``records`` holds, too."""
+    if missing and force:
+        raise SpecError("--missing and --force contradict each other: --missing skips recorded jobs, --force reruns")
     out = Path(out or OUTPUT_ROOT / row.row / scale)
     cells = select_cells(row.cells_for(scale), cells_glob, seeds)
     runnable = [c for c in cells if not c.blocked]
@@ -371,6 +391,8 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
     # seed-major order: a row cut short still has every cell at its first seeds (the direction checks need pairs)
     jobs.sort(key=lambda cs: (cs[0].seeds.index(cs[1]), [c.id for c in runnable].index(cs[0].id)))
     todo = [(c, s) for c, s in jobs if force or job_state(out, c.id, s)[0] != "done"]
+    on_record = recorded_jobs(row, scale, todo, records) if missing else {}
+    todo = [(c, s) for c, s in todo if (c.id, s) not in on_record]
     reuse = {} if force else reusable_runs(todo, scale, out, list(extra), row.row)
     for (cid, seed), src in reuse.items():
         print(f"  {cid}/seed{seed}: reusing {src} (same seed and training config)", file=sys.stderr)
@@ -382,8 +404,10 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
             run_dir(out, c.id, s).unlink()
         (run_dir(out, c.id, s) / "failed.txt").unlink(missing_ok=True)
     cmd = multirun_command(search, [cell_config_name(c.id, s) for c, s in todo], out, list(extra), launcher)
-    print(f"reproduce {row.row} ({scale}): {len(jobs)} jobs, {len(jobs) - len(todo) - len(reuse)} already done, "
-          f"{len(reuse)} reused from other rows, {len(todo)} to run, {len(blocked)} cells blocked", file=sys.stderr)
+    print(f"reproduce {row.row} ({scale}): {len(jobs)} jobs, "
+          f"{len(jobs) - len(todo) - len(reuse) - len(on_record)} already done, "
+          + (f"{len(on_record)} on record (--missing), " if missing else "")
+          + f"{len(reuse)} reused from other rows, {len(todo)} to run, {len(blocked)} cells blocked", file=sys.stderr)
     if not force and checks_staleness(row, scale):
         stale = [(f"{c.id}/seed{s}", why) for c, s in jobs if (c, s) not in todo and (c.id, s) not in reuse
                  and (why := stale_run(c, s, run_dir(out, c.id, s)))]
@@ -391,12 +415,14 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
             print(f"  {len(stale)} finished runs were trained with another config than the spec's now, e.g. "
                   f"{stale[0][0]} ({stale[0][1]}): the comparison leaves them out; rerun them with --force "
                   f"(--cells / --seeds to pick them)", file=sys.stderr)
-    from flatbnn.reproduce.archive import archived
-    recorded = [f"{c.id}/seed{s}" for c, s in todo if archived(None, row.row, scale, c.id, s)]
-    if recorded:  # training them again is allowed (it reproduces them), but may not be what was meant
+    from flatbnn.reproduce.archive import archived, archived_detail
+    recorded = [f"{c.id}/seed{s}" for c, s in todo if archived(records, row.row, scale, c.id, s)]
+    if recorded and missing:  # what recorded_jobs left in: stale records
+        print(f"  {len(recorded)} of them have committed records trained with another config than the spec's now, "
+              f"e.g. {recorded[0]}: retrained", file=sys.stderr)
+    elif recorded:  # training them again is allowed (it reproduces them), but may not be what was meant
         print(f"  {len(recorded)} of them have committed records (results/reproduce/{row.row}/{scale}/runs/, read by "
-              f"the comparison), e.g. {recorded[0]}: pass --seeds / --cells to train only the others",
-              file=sys.stderr)
+              f"the comparison), e.g. {recorded[0]}: pass --missing to train only the others", file=sys.stderr)
     rc = 0
     if todo:
         print("  " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr)
@@ -404,7 +430,8 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
             if force:
                 cmd.append("trainer.resume=false")
             rc = subprocess.call(cmd, cwd=REPO)
-    states = {f"{c.id}/seed{s}": job_state(out, c.id, s) for c, s in jobs}
+    states = {f"{c.id}/seed{s}": (("done", archived_detail(on_record[c.id, s])) if (c.id, s) in on_record
+                                  else job_state(out, c.id, s)) for c, s in jobs}
     if scale == "smoke" and not dry_run and not rows_reading(row.row, scale):
         drop_finished_checkpoints(out, jobs)
     summary = {"row": row.row, "scale": scale, "out": str(out), "returncode": rc, "command": cmd,
@@ -438,11 +465,15 @@ def source_cell(row: Row, cell_id: str) -> str:
 
 def launch_eval(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = (), launcher: str | None = None,
                 force: bool = False, dry_run: bool = False, cells_glob: str | None = None,
-                seeds: list[int] | None = None) -> dict:
+                seeds: list[int] | None = None, missing: bool = False, records: Path | None = None) -> dict:
     """An eval row: re-evaluate the finished runs of ``eval_from.row`` (same scale) with evaluate.py's routine (no
     retraining), e.g. FlatBNN Table 5 = Table 2's SWAG runs on CIFAR-10-C; results land in ``<out>/<cell>/seed<k>``.
     Like a training row, every (cell, seed) is one member of ONE Hydra multirun (``flatbnn.reproduce.eval_job``), so
-    ``launcher`` (slurm, cpu_parallel, ...) sends the evaluations where the GPUs are."""
+    ``launcher`` (slurm, cpu_parallel, ...) sends the evaluations where the GPUs are. ``missing``: as ``launch``."""
+    from flatbnn.reproduce.archive import archived_detail
+
+    if missing and force:
+        raise SpecError("--missing and --force contradict each other: --missing skips recorded jobs, --force reruns")
     out = Path(out or OUTPUT_ROOT / row.row / scale)
     src_out = Path(row.eval_from.get("out") or OUTPUT_ROOT / row.eval_from["row"] / scale)
     cells = select_cells(row.cells_for(scale), cells_glob, seeds)
@@ -457,10 +488,13 @@ def launch_eval(row: Row, scale: str, *, out: Path | None = None, extra: list[st
                        f"dataset.shift_corruptions=[{','.join(C10C_CORRUPTIONS)}]"]
     search = out / ".hydra_cells"
     names = []
+    on_record = recorded_jobs(row, scale, [(c, s) for c in cells if not c.blocked for s in c.seeds
+                                           if not (run_dir(out, c.id, s) / "results.json").exists()],
+                              records) if missing else {}
     for cell in (c for c in cells if not c.blocked):
         for seed in cell.seeds:
             dest = run_dir(out, cell.id, seed)
-            if not force and (dest / "results.json").exists():
+            if not force and (dest / "results.json").exists() or (cell.id, seed) in on_record:
                 continue
             src = run_dir(src_out, source_cell(row, cell.id), seed)
             if not (src / "results.json").exists():
@@ -484,7 +518,8 @@ def launch_eval(row: Row, scale: str, *, out: Path | None = None, extra: list[st
         print("  " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr)
         if not dry_run:
             rc = subprocess.call(cmd, cwd=REPO) or rc
-    jobs = {f"{c.id}/seed{s}": dict(zip(("state", "detail"), job_state(out, c.id, s)))
+    jobs = {f"{c.id}/seed{s}": dict(zip(("state", "detail"), ("done", archived_detail(on_record[c.id, s]))
+                                        if (c.id, s) in on_record else job_state(out, c.id, s)))
             for c in cells if not c.blocked for s in c.seeds}
     summary = {"row": row.row, "scale": scale, "out": str(out), "returncode": rc, "command": cmd if names else [],
                "jobs": jobs, "blocked": blocked}

@@ -391,18 +391,13 @@ def _finished_like(out_root: Path, row: spec.Row, cell_id: str, seed: int, extra
 
 
 def test_a_job_another_row_already_ran_is_linked_not_retrained(tmp_path, monkeypatch):
-    rows_dir, out_root = tmp_path / "rows", tmp_path / "out"
-    rows_dir.mkdir()
-    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
-    monkeypatch.setattr(launch, "OUTPUT_ROOT", out_root)
+    out_root = tmp_path / "out"
+    rows_dir = _tmp_rows(tmp_path, monkeypatch, out_root)
     base = ["dataset=digits", "model=mlp", "trainer.epochs=2", "trainer.progress=false"]
     for name, cells in [("src", {"sgd": ["flatness=none"], "sam": ["flatness=sam"]}),
                         ("dst", {"plain": ["flatness=none"], "sam": ["flatness=sam", "flatness.rho=0.1"],
                                  "sam05": ["flatness=sam", "flatness.rho=0.05"]})]:
-        (rows_dir / f"{name}.yaml").write_text(yaml.safe_dump(
-            {"row": name, "paper": "none", "title": name, "kind": "train", "axes": ["method"], "base": base,
-             "values": {"method": cells}, "seeds": [0, 1], "scales": {"cpu": {"overrides": []},
-                                                                     "smoke": {"overrides": []}}}))
+        _write_row(rows_dir, name, {"method": cells}, base=base, seeds=[0, 1])
     src, dst = spec.load_row("src"), spec.load_row("dst")
     _finished_like(out_root, src, "sgd", 0)
     _finished_like(out_root, src, "sam", 0)                 # configs/flatness/sam.yaml's rho is 0.05
@@ -433,17 +428,12 @@ def test_a_committed_record_of_another_row_is_linked_when_its_run_dir_is_gone(tm
     itself a link (its source is indexed), and a live run dir wins over a record."""
     from flatbnn.reproduce import archive
 
-    rows_dir, out_root, results = tmp_path / "rows", tmp_path / "out", tmp_path / "results"
-    rows_dir.mkdir()
-    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
-    monkeypatch.setattr(launch, "OUTPUT_ROOT", out_root)
+    out_root, results = tmp_path / "out", tmp_path / "results"
+    rows_dir = _tmp_rows(tmp_path, monkeypatch, out_root)
     monkeypatch.setattr(archive, "ARCHIVE_ROOT", results)
     base = ["dataset=digits", "model=mlp", "trainer.epochs=2", "trainer.progress=false"]
     for name, cells in [("src", {"sam": ["flatness=sam"]}), ("dst", {"sam05": ["flatness=sam", "flatness.rho=0.05"]})]:
-        (rows_dir / f"{name}.yaml").write_text(yaml.safe_dump(
-            {"row": name, "paper": "none", "title": name, "kind": "train", "axes": ["method"], "base": base,
-             "values": {"method": cells}, "seeds": [0, 1, 2], "scales": {"cpu": {"overrides": []},
-                                                                        "smoke": {"overrides": []}}}))
+        _write_row(rows_dir, name, {"method": cells}, base=base, seeds=[0, 1, 2])
     src, dst = spec.load_row("src"), spec.load_row("dst")
     for seed in (0, 1):
         run = _finished_like(out_root, src, "sam", seed)
@@ -472,6 +462,22 @@ def test_a_committed_record_of_another_row_is_linked_when_its_run_dir_is_gone(tm
     assert found == {}
 
 
+def _tmp_rows(tmp_path: Path, monkeypatch, out_root: Path) -> Path:
+    """A row-spec folder of the test's own (spec.ROWS_DIR) and its sweeps under ``out_root`` (launch.OUTPUT_ROOT)."""
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    monkeypatch.setattr(launch, "OUTPUT_ROOT", out_root)
+    return rows_dir
+
+
+def _write_row(rows_dir: Path, name: str, values: dict, *, seeds: list[int], base=(), kind="train", **more) -> None:
+    """A one-axis row spec (axis: ``values``' key) with a cpu and a smoke scale and no overrides of their own."""
+    (rows_dir / f"{name}.yaml").write_text(yaml.safe_dump(
+        {"row": name, "paper": "none", "title": name, "kind": kind, "axes": list(values), "base": list(base),
+         "values": values, "seeds": seeds, "scales": {"cpu": {"overrides": []}, "smoke": {"overrides": []}}, **more}))
+
+
 def test_missing_trains_only_what_no_fresh_record_of_the_row_holds(tmp_path, monkeypatch, capsys):
     """A row begun on one machine and finished on another (a fresh clone: the records, not the run dirs):
     ``run --missing`` skips the jobs the row's own committed records hold -- not a stale record (trained with
@@ -482,15 +488,10 @@ def test_missing_trains_only_what_no_fresh_record_of_the_row_holds(tmp_path, mon
     sys.path.insert(0, str(REPO / "scripts"))
     import reproduce as cli
 
-    rows_dir, out_root, results = tmp_path / "rows", tmp_path / "out", tmp_path / "results"
-    rows_dir.mkdir()
-    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
-    monkeypatch.setattr(launch, "OUTPUT_ROOT", out_root)
-    (rows_dir / "r.yaml").write_text(yaml.safe_dump(
-        {"row": "r", "paper": "none", "title": "r", "kind": "train", "axes": ["method"],
-         "base": ["dataset=digits", "model=mlp", "trainer.epochs=2", "trainer.progress=false"],
-         "values": {"method": {"sam": ["flatness=sam", "flatness.rho=0.05"], "sgd": ["flatness=none"]}},
-         "seeds": [0, 1, 2], "scales": {"cpu": {"overrides": []}, "smoke": {"overrides": []}}}))
+    out_root, results = tmp_path / "out", tmp_path / "results"
+    rows_dir = _tmp_rows(tmp_path, monkeypatch, out_root)
+    _write_row(rows_dir, "r", {"method": {"sam": ["flatness=sam", "flatness.rho=0.05"], "sgd": ["flatness=none"]}},
+               base=["dataset=digits", "model=mlp", "trainer.epochs=2", "trainer.progress=false"], seeds=[0, 1, 2])
     row = spec.load_row("r")
     for seed, extra in [(0, []), (1, ["flatness.rho=0.1"])]:   # seed 1's record: trained at another rho
         run = _finished_like(tmp_path / "elsewhere", row, "sam", seed, extra)
@@ -525,19 +526,12 @@ def test_an_eval_row_is_one_hydra_multirun_of_evaluations_that_a_launcher_can_ta
     reach every evaluation and the hydra.* ones the sweep, and the aggregate reads the evaluated config."""
     from flatbnn.reproduce import aggregate
 
-    rows_dir, out_root = tmp_path / "rows", tmp_path / "out"
-    rows_dir.mkdir()
-    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
-    monkeypatch.setattr(launch, "OUTPUT_ROOT", out_root)
-    (rows_dir / "trn.yaml").write_text(yaml.safe_dump(
-        {"row": "trn", "paper": "none", "title": "trn", "kind": "train", "axes": ["method"],
-         "base": ["dataset=digits", "model=mlp", "trainer.epochs=1", "trainer.progress=false"],
-         "values": {"method": {"map": ["method=map"]}}, "seeds": [0],
-         "scales": {"cpu": {"overrides": []}, "smoke": {"overrides": []}}}))
-    (rows_dir / "ev.yaml").write_text(yaml.safe_dump(
-        {"row": "ev", "paper": "none", "title": "ev", "kind": "eval", "eval_from": {"row": "trn", "cell": "map"},
-         "axes": ["bins"], "values": {"bins": {"b20": ["metrics.ece_bins=20"], "lr": ["optimizer.lr=0.5"]}},
-         "seeds": [0], "scales": {"cpu": {"overrides": []}, "smoke": {"overrides": []}}}))
+    out_root = tmp_path / "out"
+    rows_dir = _tmp_rows(tmp_path, monkeypatch, out_root)
+    _write_row(rows_dir, "trn", {"method": {"map": ["method=map"]}},
+               base=["dataset=digits", "model=mlp", "trainer.epochs=1", "trainer.progress=false"], seeds=[0])
+    _write_row(rows_dir, "ev", {"bins": {"b20": ["metrics.ece_bins=20"], "lr": ["optimizer.lr=0.5"]}}, seeds=[0],
+               kind="eval", eval_from={"row": "trn", "cell": "map"})
     assert launch.launch(spec.load_row("trn"), "cpu")["returncode"] == 0
     src = out_root / "trn" / "cpu" / "map" / "seed0"
     row = spec.load_row("ev")

@@ -32,7 +32,23 @@ def one_line_error(exc: BaseException) -> str | None:
         return " ".join(str(text).split())
     if isinstance(inner, OSError) and inner.errno in _FS_ERRNOS:
         return _fs_line(inner)
+    if _from_torch_compiler(inner):
+        # e.g. torch 2.11's Inductor on CUDA, resnet20_frn under bf16 + channels_last: "AssertionError: 32 v.s.
+        # 6400" at the first step (docs/cluster.md). Not the run's fault, and eager mode trains the same model.
+        cause = " ".join(str(inner).split()).split(" Set TORCHDYNAMO_VERBOSE")[0][:200]
+        return (f"torch.compile failed ({type(inner).__name__}: {cause}); rerun with trainer.compile=false "
+                "(eager: the same model, slower; HYDRA_FULL_ERROR=1 shows the compiler's traceback)")
     return None
+
+
+def _from_torch_compiler(exc: BaseException) -> bool:
+    """An error raised by torch.compile's tracer or backend (Dynamo / Inductor), which only a compiled model
+    raises."""
+    try:
+        from torch._dynamo.exc import TorchDynamoException
+    except ImportError:  # a torch without Dynamo never compiles
+        return False
+    return isinstance(exc, TorchDynamoException)
 
 
 # file-system refusals a user fixes (run dir under a file, read-only or full disk, no permission)

@@ -150,6 +150,27 @@ def test_disk_full_is_one_line():
     assert one_line_error(OSError(errno.EIO, "Input/output error")) is None  # not the user's to fix: traceback
 
 
+def test_torch_compile_failure_is_one_line_that_says_how_to_run_eager(tmp_path, monkeypatch):
+    """torch 2.11's Inductor on an H200 failed at the first compiled resnet20_frn step ("AssertionError: 32 v.s.
+    6400", docs/cluster.md); that can't be reproduced on CPU, so a compiler backend that fails the same way stands
+    in. The run's own error path must turn it into one line naming the switch that avoids it."""
+    from flatbnn.cli import one_line_error
+    from tests.helpers import run_cfg
+
+    def failing_backend(gm, example_inputs):
+        raise AssertionError("32 v.s. 6400")
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real_compile(model, backend=failing_backend))
+    with pytest.raises(Exception) as info:
+        run_cfg([*TINY, "trainer.compile=true"], tmp_path / "run")
+    line = one_line_error(info.value)
+    assert line is not None and "\n" not in line
+    assert line.startswith("torch.compile failed") and "32 v.s. 6400" in line and "trainer.compile=false" in line
+    assert not (tmp_path / "run" / "results.json").exists()
+    assert one_line_error(AssertionError("32 v.s. 6400")) is None  # the same error outside the compiler: a bug
+
+
 def test_validate_accepts_shipped_configs_and_mean_prediction():
     """Every trainer key any shipped config sets is known, and num_samples=0 stays valid where it
     means "predict with the mean" (bsam, vogn)."""

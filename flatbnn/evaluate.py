@@ -1,5 +1,5 @@
-#!/usr/bin/env python
-"""Re-evaluate a FINISHED run with the one evaluation routine, without retraining.
+"""Re-evaluate a FINISHED run with the one evaluation routine, without retraining (``evaluate.py`` in a checkout,
+``flatbnn-eval`` once installed).
 
     python evaluate.py run=outputs/2026-01-01/12-00-00-000000 method.num_samples=8
     python evaluate.py run=RUN metrics.ece_bins=20 eval.name=ece20

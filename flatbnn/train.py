@@ -1,9 +1,9 @@
-#!/usr/bin/env python
-"""flatbnn's one entry point.
+"""flatbnn's one entry point: ``train.py`` in a checkout, ``flatbnn-train`` once installed (the same ``cli``).
 
     python train.py dataset=cifar10 model=resnet20_frn method=map flatness=sam flatness.rho=0.05
     python train.py --multirun flatness=sam flatness.rho=0.01,0.05,0.1 seed=0,1,2
     torchrun --nproc_per_node=2 train.py trainer.batch_size=128 ...   (DDP; batch_size is global)
+    flatbnn-train --config-dir my_configs +experiment=mine              (a config dir of one's own)
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from flatbnn import resources
 from flatbnn.cli import (EXIT_CONFIG, EXIT_PREEMPTED, exit_if_members_failed, install_hydra_error_handler,
                          one_line_error)
 
@@ -54,7 +55,7 @@ def _join(cfg: DictConfig) -> Path:
     return Path(D.broadcast_object(str(run_dir_from_hydra()), info))
 
 
-@hydra.main(version_base="1.3", config_path="configs", config_name="config")
+@hydra.main(version_base="1.3", config_path=str(resources.CONFIGS_DIR), config_name="config")
 def main(cfg: DictConfig) -> float | None:
     from flatbnn.engine import preemption
     from flatbnn.engine.distributed import dist_failure_line
@@ -107,8 +108,13 @@ def _failed(e: Exception, msg: str | None, dist_line: str | None, run_dir_from_h
     FAILED_JOBS.append((str(run_dir), line))
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """``train.py`` / ``flatbnn-train`` / ``python -m flatbnn.train``."""
     _nonzero_rank_overrides()
     install_hydra_error_handler()  # an unknown key / group option, a bad override: one line, exit 2
     main()
     exit_if_members_failed(FAILED_JOBS)
+
+
+if __name__ == "__main__":
+    cli()

@@ -210,8 +210,7 @@ def test_cli_check_and_missing_row_are_one_line():
 def test_all_with_jobs_runs_train_then_eval_then_script_rows_each_stage_in_parallel(monkeypatch):
     """``reproduce.py all --jobs N`` (CI's smoke stage) keeps the stage order -- eval rows read the trained
     rows' runs, analysis scripts read both -- and runs every row exactly once; a failed row's code is returned."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    import reproduce as cli
+    from flatbnn.reproduce import cli
 
     stages = []
 
@@ -231,8 +230,7 @@ def test_all_with_jobs_runs_train_then_eval_then_script_rows_each_stage_in_paral
 def test_out_sweeps_elsewhere_and_keeps_its_comparison_out_of_the_committed_tables(tmp_path, monkeypatch):
     """``run ROW --out DIR`` used to write its comparison over the committed results/reproduce/<row>/; and ``all
     --out DIR`` swept every row into the one DIR, where cells of the same id (bSAM T1 / T5) collide."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    import reproduce as cli
+    from flatbnn.reproduce import cli
     from flatbnn.reproduce import compare, launch, scripts as row_scripts
 
     seen = []
@@ -483,10 +481,7 @@ def test_missing_trains_only_what_no_fresh_record_of_the_row_holds(tmp_path, mon
     ``run --missing`` skips the jobs the row's own committed records hold -- not a stale record (trained with
     another config than the spec's now), and not the jobs of another records root -- and says so; without it
     the recorded jobs are retrained (rerunning a row reproduces it) and the launcher points at --missing."""
-    from flatbnn.reproduce import archive
-
-    sys.path.insert(0, str(REPO / "scripts"))
-    import reproduce as cli
+    from flatbnn.reproduce import archive, cli
 
     out_root, results = tmp_path / "out", tmp_path / "results"
     rows_dir = _tmp_rows(tmp_path, monkeypatch, out_root)

@@ -21,6 +21,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from flatbnn import resources
+
 
 class ConfigError(ValueError):
     """A config value that cannot work: one line, exit 2."""
@@ -67,7 +69,7 @@ RULES: dict[str, tuple] = {
     "metrics.auroc_thresholds": _POS_INT,
 }
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = resources.CONFIGS_DIR
 # groups whose keys the engine reads by name (nothing passes them to a constructor that would refuse an
 # unknown one): every key must be in one of the group's option files
 CLOSED_GROUPS = ("trainer",)

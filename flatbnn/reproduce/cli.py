@@ -1,5 +1,7 @@
-#!/usr/bin/env python
 """A paper row -> its spec -> a Hydra multirun -> a comparison beside the paper's numbers -> the status board.
+
+``scripts/reproduce.py`` in a checkout, ``flatbnn-reproduce`` once installed (same arguments; an installed package
+writes ``outputs/`` and ``results/`` under the current directory).
 
     python scripts/reproduce.py list                                  # every row, its kind and scales
     python scripts/reproduce.py check                                 # every spec and paper file loads; every cell composes
@@ -22,13 +24,13 @@ Exit codes: 0 all jobs done (blocked cells are reported, not failures), 1 a job 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from flatbnn.reproduce.spec import SCALES, SpecError, check_all, list_rows, load_row  # noqa: E402
+from flatbnn import resources
+from flatbnn.reproduce.spec import SCALES, SpecError, check_all, list_rows, load_row
 
 
 def _sweep_dir(args, name: str) -> Path | None:
@@ -92,6 +94,9 @@ def _run_rows_in_parallel(names: list[str], args, extra: list[str]) -> list[int]
         (["--missing"] if args.missing else []) + \
         (["--no-compare"] if args.no_compare else [])
     root = _results_root(args)
+    # each row's process imports this very package (a checkout run without installing it included)
+    child_env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(resources.PACKAGE.parent), os.environ.get("PYTHONPATH")) if p)}
 
     def row_flags(name: str) -> list[str]:
         return (["--out", str(_sweep_dir(args, name))] if args.out is not None else []) + \
@@ -99,8 +104,8 @@ def _run_rows_in_parallel(names: list[str], args, extra: list[str]) -> list[int]
 
     def one(name: str) -> int:
         t0 = time.monotonic()
-        p = subprocess.run([sys.executable, __file__, "run", name, *flags, *row_flags(name), "--", *extra],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        p = subprocess.run([sys.executable, "-m", "flatbnn.reproduce.cli", "run", name, *flags, *row_flags(name),
+                            "--", *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env)
         sys.stderr.write(f"===== {name} (exit {p.returncode}, {time.monotonic() - t0:.0f} s)\n{p.stdout}")
         sys.stderr.flush()
         return p.returncode

@@ -12,7 +12,6 @@ member writes ``failed.txt`` there with a one-line reason and the sweep goes on;
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import traceback
 from pathlib import Path
@@ -20,33 +19,25 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from flatbnn import resources
 from flatbnn.cli import exit_if_members_failed, install_hydra_error_handler, one_line_error
 
-REPO = Path(__file__).resolve().parents[2]
 FAILED_JOBS: list[tuple[str, str]] = []
 
 
-def _evaluate_cli():
-    """evaluate.py, the user-facing script, loaded by path (a top-level ``import evaluate`` could pick up another
-    package of that name)."""
-    spec = importlib.util.spec_from_file_location("flatbnn_evaluate_cli", REPO / "evaluate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@hydra.main(version_base="1.3", config_path="../../configs", config_name="eval_job")
+@hydra.main(version_base="1.3", config_path=str(resources.CONFIGS_DIR), config_name="eval_job")
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from flatbnn.engine.checkpoint import write_bytes
+    from flatbnn.evaluate import evaluate_run
 
     dest = Path(HydraConfig.get().runtime.output_dir)
     source, name = Path(cfg.source), str(cfg.eval_name)
     try:
         # unresolved: an override is passed on as the user wrote it (evaluate.py parses it), not interpolated here
         overrides = [str(o) for o in OmegaConf.to_container(cfg.overrides, resolve=False)]
-        _evaluate_cli().evaluate_run(source, overrides, name)
+        evaluate_run(source, overrides, name)
         write_bytes(dest / "results.json", (source / "eval" / name / "results.json").read_bytes())
     except Exception as e:  # one member fails alone: its dir says why, the sweep goes on
         line = one_line_error(e) or f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"

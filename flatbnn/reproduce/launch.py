@@ -20,10 +20,11 @@ from pathlib import Path
 
 import yaml
 
+from flatbnn import resources
 from flatbnn.engine.checkpoint import write_json
 from flatbnn.reproduce.spec import REPO, Cell, Row, SpecError, rows_reading
 
-CONFIGS = REPO / "configs"
+CONFIGS = resources.CONFIGS_DIR
 OUTPUT_ROOT = Path(os.environ.get("FLATBNN_REPRODUCE_DIR", REPO / "outputs" / "reproduce"))
 
 # what the smoke scale adds to every cell (after the row's own smoke overrides): one step on a few fake images
@@ -319,9 +320,9 @@ def link_reused(out: Path, cell_id: str, seed: int, source: Path) -> Path:
 
 def multirun_command(search: Path, names: list[str], out: Path, extra: list[str],
                      launcher: str | None = None, entry: tuple[str, ...] | None = None) -> list[str]:
-    """``<entry> --multirun +cell=<names>`` into ``<out>/<cell>/seed<k>``; ``entry``: train.py, or an eval row's
+    """``<entry> --multirun +cell=<names>`` into ``<out>/<cell>/seed<k>``; ``entry``: train.py's ``-m flatbnn.train``, or an eval row's
     ``-m flatbnn.reproduce.eval_job``."""
-    cmd = [sys.executable, *(entry or (str(REPO / "train.py"),)), "--multirun",
+    cmd = [sys.executable, *(entry or ("-m", "flatbnn.train")), "--multirun",
            f"hydra.searchpath=[file://{search.resolve()}]",
            "+cell=" + ",".join(names),
            f"hydra.sweep.dir={out}",

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-ROWS_DIR = REPO / "rows"
-PAPER_DIR = REPO / "results" / "paper"
+from flatbnn import resources
+
+REPO = resources.project_root()  # where outputs/ and results/ are written
+ROWS_DIR = resources.ROWS_DIR
+PAPER_DIR = resources.PAPER_DIR
 SCALES = ("smoke", "cpu", "paper")
 
 

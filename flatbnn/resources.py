@@ -1,0 +1,32 @@
+"""Where flatbnn's data files are: ``configs/`` (the Hydra config groups), ``rows/`` (the paper-row specs) and
+``results/paper/`` (the papers' numbers).
+
+In the repository they sit at the top (a checkout, or an editable install of it). A wheel carries copies inside the
+package -- ``flatbnn/configs``, ``flatbnn/rows``, ``flatbnn/results_paper`` -- mapped there at build time by setup.py;
+nothing moves in the repository. Every reader asks this module, so both layouts work.
+
+A user's own configs, without touching the shipped ones: ``flatbnn-train --config-dir DIR`` adds DIR to Hydra's
+search path (new options in the same groups, e.g. ``DIR/experiment/mine.yaml`` -> ``+experiment=mine``);
+``--config-path DIR --config-name NAME`` replaces the primary config.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
+_INSTALLED = (PACKAGE / "configs").is_dir()
+
+#: the repository root when this package is a checkout's (run from the source tree or installed editable);
+#: None when it is an installed wheel
+CHECKOUT: Path | None = None if _INSTALLED else PACKAGE.parent
+
+CONFIGS_DIR = PACKAGE / "configs" if _INSTALLED else PACKAGE.parent / "configs"
+ROWS_DIR = PACKAGE / "rows" if _INSTALLED else PACKAGE.parent / "rows"
+PAPER_DIR = PACKAGE / "results_paper" if _INSTALLED else PACKAGE.parent / "results" / "paper"
+
+
+def project_root() -> Path:
+    """Where the reproduce tools write ``outputs/`` and ``results/``: the checkout; for an installed wheel the
+    current directory (as Hydra writes ``outputs/`` where it is run)."""
+    return CHECKOUT if CHECKOUT is not None else Path.cwd()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import errno
+import functools
 import re
 
 EXIT_CONFIG = 2      # bad config, missing data set, unreadable checkpoint, diverged run
@@ -131,7 +132,7 @@ def install_hydra_error_handler() -> None:
         except Exception as e:
             line = hydra_error_line(e)
             if line is None:
-                return original(lambda: _reraise(e))
+                return original(functools.partial(_reraise, e))  # `e` is unbound once the except ends
             print(f"flatbnn: error: {line}", file=sys.stderr)
             sys.exit(EXIT_CONFIG)
 

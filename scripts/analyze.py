@@ -233,7 +233,7 @@ def _bar_plot(out: dict, path: Path, args) -> None:
     fig = Figure(figsize=(1.2 + 1.3 * len(out["runs"]), 4.0), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    for i, (label, r) in enumerate(out["runs"].items()):
+    for i, r in enumerate(out["runs"].values()):
         s = r["summary"]["sharpness"]
         ax.bar(i, s["mean"], yerr=s["std"], color=f"C{i}", alpha=0.7, capsize=4)
         ax.plot([i] * len(r["samples"]), [x["sharpness"] for x in r["samples"]], "k.", markersize=4)

@@ -79,7 +79,7 @@ def forward_flops(model: nn.Module, input_shape) -> int:
     return int(counter.get_total_flops())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _network_flops(model_json: str, shape: tuple[int, ...]) -> int:
     # keyed on the resolved model config: cells of a row share networks, and WRN-28-10 / ViT-B take seconds to build
     from hydra.utils import instantiate

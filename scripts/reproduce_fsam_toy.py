@@ -396,7 +396,7 @@ def main(argv=None):
     g = loss_grid(loss, (-45, 45), (1, 60), n=(181, 121))
     fig, ax = plt.subplots(figsize=(6.2, 4.8))
     draw_landscape(ax, g, minima, saddle)
-    for k, mk in (("flat", "*"), ("sharp", "o")):
+    for k in ("flat", "sharp"):
         m = minima[k]
         ax.annotate(f"{k} ({m['theta'][0]:.2f}, {m['theta'][1]:.2f})\nl={m['loss']:.2f}, trH={m['hessian_trace']:.4f}",
                     m["theta"], xytext=(8, 8), textcoords="offset points", fontsize=8, color="w",

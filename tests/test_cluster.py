@@ -3,7 +3,6 @@ resumes, multi-node DDP over a c10d rendezvous, and DDP deadlines (docs/cluster.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO, compose_cfg, results, train_cli
+from helpers import REPO, results, train_cli
 
 TINY = ["dataset=digits", "model=mlp", "method=map", "flatness=none", "trainer.device=cpu",
         "trainer.reliability_diagram=false"]

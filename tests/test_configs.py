@@ -1,6 +1,5 @@
 """Every YAML under configs/ composes; every experiment preset runs one optimisation step at tiny size."""
 
-from pathlib import Path
 
 import pytest
 from hydra.utils import instantiate

@@ -82,7 +82,7 @@ def test_swag_state_roundtrip_restores_collected_posterior():
     x, y = _linear_problem()
     a = SWAG(mode="swag", swa_start=0, collect_unit="step", max_rank=3)
     a.setup(_ctx(lin, len(y), lr=0.05, criterion=_mse(0.5)))
-    for step in range(6):
+    for _ in range(6):
         a.train_step((x[:20], y[:20]), NoFlatness(), Backprop(lin, CPU))
     state = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in a.state_dict().items()}
     lin2 = nn.Linear(3, 1, bias=False).double()

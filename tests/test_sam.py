@@ -112,7 +112,7 @@ def test_rho_zero_equals_base_optimizer_exactly():
     a = _train_steps(SAM(rho=0.0))
     b = _train_steps(NoFlatness())
     for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items()):
-        assert torch.equal(va, vb), ka
+        assert ka == kb and torch.equal(va, vb), ka
 
 
 def test_bn_running_stats_updated_on_first_pass_only():

@@ -156,9 +156,9 @@ def test_hwa_averaging_follows_eq4_by_hand(covariance):
         idx = torch.arange(10) + 10 * (k - 1)
         m.train_step((x[idx], y[idx]), NoFlatness(), bp)
         if k >= 3 and (k - 3) % 2 == 0:  # steps 3, 5, 7, 9, 11
-            mu = torch.cat([p.detach().reshape(-1) for l in layers for p in (l.weight_mu, l.bias_mu)])
-            var = torch.cat([F.softplus(r.detach()).reshape(-1) ** 2 for l in layers
-                             for r in (l.weight_rho, l.bias_rho)])
+            mu = torch.cat([p.detach().reshape(-1) for layer in layers for p in (layer.weight_mu, layer.bias_mu)])
+            var = torch.cat([F.softplus(r.detach()).reshape(-1) ** 2 for layer in layers
+                             for r in (layer.weight_rho, layer.bias_rho)])
             snaps.append((mu, var))
     assert m.n_models == 5
     # Eq. (4) recursively, by hand
@@ -238,8 +238,8 @@ def test_hwa_alg2_restarts_the_svi_iterate_from_the_averaged_q(variance):
     m, net = _hwa(cycle_length=3, start=0.0, variance=variance)  # averages at steps 3, 6, 9, 12
     ref, net_ref = _hwa(cycle_length=3, start=0.0, variance=variance, train_from="svi")
     layers = bayesian_layers(net)
-    sig2 = lambda: torch.cat([F.softplus(r.detach()).reshape(-1) ** 2 for l in layers  # noqa: E731
-                              for r in (l.weight_rho, l.bias_rho)])
+    sig2 = lambda: torch.cat([F.softplus(r.detach()).reshape(-1) ** 2 for layer in layers  # noqa: E731
+                              for r in (layer.weight_rho, layer.bias_rho)])
     for k in range(6):
         batch = (x[10 * k:10 * k + 10], y[10 * k:10 * k + 10])
         before = m.mean_vector().clone()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import os
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Sequence
 
 from torch import Tensor
 
@@ -22,7 +22,7 @@ def reliability_diagram(
     targets: Tensor,
     path: str | os.PathLike,
     n_bins: int = 20,
-    title: Optional[str] = None,
+    title: str | None = None,
     binning: str = "width",
     edges: str = "right",
 ) -> str:
@@ -107,8 +107,8 @@ def legend_label(label: str, ece_value: float) -> str:
 
 
 def reliability_overlay_figure(runs: dict[str, tuple[Tensor, Tensor]], n_bins: int = 20, binning: str = "width",
-                               edges: str = "right", style: str = "gap", title: Optional[str] = None,
-                               colors: Optional[Sequence[str]] = None):
+                               edges: str = "right", style: str = "gap", title: str | None = None,
+                               colors: Sequence[str] | None = None):
     """The :class:`matplotlib.figure.Figure` of :func:`reliability_overlay` and its per-run numbers
     (``(figure, stats)``; nothing written). See :func:`reliability_overlay`."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -162,7 +162,7 @@ def reliability_overlay_figure(runs: dict[str, tuple[Tensor, Tensor]], n_bins: i
 
 def reliability_overlay(runs: dict[str, tuple[Tensor, Tensor]], path: str | os.PathLike, n_bins: int = 20,
                         binning: str = "width", edges: str = "right", style: str = "gap",
-                        title: Optional[str] = None, colors: Optional[Sequence[str]] = None) -> dict:
+                        title: str | None = None, colors: Sequence[str] | None = None) -> dict:
     """Reliability diagrams of several runs overlaid in one PNG; returns the per-run numbers.
 
     ``runs``: ``{label: (probs [N, C], targets [N])}`` -- predictive probabilities (for a posterior:

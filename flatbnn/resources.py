@@ -6,7 +6,7 @@ package -- ``flatbnn/configs``, ``flatbnn/rows``, ``flatbnn/results_paper`` -- m
 nothing moves in the repository. Every reader asks this module, so both layouts work.
 
 A user's own configs, without touching the shipped ones: ``flatbnn-train --config-dir DIR`` adds DIR to Hydra's
-search path (new options in the same groups, e.g. ``DIR/experiment/mine.yaml`` -> ``+experiment=mine``);
+search path (new options in the same groups, e.g. ``DIR/experiment/mine.yaml`` -> ``experiment=mine``);
 ``--config-path DIR --config-name NAME`` replaces the primary config.
 """
 

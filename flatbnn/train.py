@@ -3,7 +3,7 @@
     python train.py dataset=cifar10 model=resnet20_frn method=map flatness=sam flatness.rho=0.05
     python train.py --multirun flatness=sam flatness.rho=0.01,0.05,0.1 seed=0,1,2
     torchrun --nproc_per_node=2 train.py trainer.batch_size=128 ...   (DDP; batch_size is global)
-    flatbnn-train --config-dir my_configs +experiment=mine              (a config dir of one's own)
+    flatbnn-train --config-dir my_configs experiment=mine              (a config dir of one's own)
 """
 
 from __future__ import annotations

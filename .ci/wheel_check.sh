@@ -3,7 +3,7 @@
 # fresh venv, and from a directory outside the checkout: compose a config (--cfg job), one of the user's own
 # (--config-dir), train on digits, re-evaluate the run, list the paper rows and lay out one row's sweep.
 #   bash .ci/wheel_check.sh PYTHON     (PYTHON: a venv's python holding flatbnn's dependencies, e.g. CI's)
-# Nothing downloads: the fresh venv sees PYTHON's site-packages (torch, hydra, ...) through a .pth line, which does
+# Nothing downloads (but see the build step below): the fresh venv sees PYTHON's site-packages (torch, hydra, ...) through a .pth line, which does
 # not run that venv's own .pth files -- so its editable flatbnn stays out of sight -- and pip runs with --no-index.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,13 @@ before="$(git status --porcelain)"
 # what git would commit (tracked, and new files not ignored): no local leftover may be what makes the wheel work
 mkdir "$WORK/src"
 git ls-files -z --cached --others --exclude-standard | tar -cf - --null -T - | tar -xf - -C "$WORK/src"
-"$PY" -m pip wheel -q --no-deps --no-build-isolation --no-index -w "$WORK/dist" "$WORK/src"
+# PYTHON's own setuptools when it is new enough for pyproject.toml (torch pulls in a recent one); else an isolated
+# build, which fetches the same setuptools as `make setup`'s editable install did
+if "$PY" -c 'import sys, setuptools; sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' 2>/dev/null; then
+  "$PY" -m pip wheel -q --no-deps --no-build-isolation --no-index -w "$WORK/dist" "$WORK/src"
+else
+  "$PY" -m pip wheel -q --no-deps -w "$WORK/dist" "$WORK/src"
+fi
 wheel="$(ls "$WORK"/dist/flatbnn-*.whl)"
 
 # the venv inside a repository of its own (as a .venv inside another checkout is): its commit must not become the

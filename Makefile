@@ -121,3 +121,8 @@ reproduce-bsam-logreg: setup
 
 reproduce-bsam-twomoons: setup
 	$(PY) scripts/reproduce_bsam_twomoons.py --out results/bsam_twomoons
+
+# the README's table of config groups, regenerated from configs/ (tests/test_readme_options.py fails when stale)
+.PHONY: readme-options
+readme-options: setup
+	$(PY) scripts/readme_options.py

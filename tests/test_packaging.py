@@ -54,3 +54,21 @@ def test_console_scripts_name_functions_that_exist():
     for name, target in scripts.items():
         module, _, attr = target.partition(":")
         assert callable(getattr(importlib.import_module(module), attr, None)), (name, target)
+
+
+def test_a_script_row_refuses_in_one_line_where_the_package_is_installed(tmp_path, monkeypatch, capsys):
+    """The toy reproductions are scripts/ of a checkout; an installed wheel does not ship them: exit 2, one line,
+    nothing run or written (not a shell's 'No such file' after creating the row's output dir)."""
+    import subprocess
+
+    from flatbnn.reproduce import scripts as row_scripts
+    from flatbnn.reproduce.spec import load_row
+
+    ran = []
+    monkeypatch.setattr(subprocess, "call", lambda *a, **k: ran.append(a) or 0)
+    monkeypatch.setattr(row_scripts, "OUTPUT_ROOT", tmp_path)
+    monkeypatch.setattr(resources, "CHECKOUT", None)
+    assert row_scripts.run_script_row(load_row("bsam_logreg"), "smoke") == 2
+    assert ran == [] and list(tmp_path.iterdir()) == []
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "installed package does not ship" in err and "clone" in err, err

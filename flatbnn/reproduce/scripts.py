@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+from flatbnn import resources
 from flatbnn.reproduce.launch import OUTPUT_ROOT
 from flatbnn.reproduce.spec import REPO, Row
 
@@ -28,6 +29,10 @@ def run_script_row(row: Row, scale: str, dry_run: bool = False) -> int:
     print(f"reproduce {row.row} ({scale}): {cmd}", file=sys.stderr)
     if dry_run:
         return 0
+    if resources.CHECKOUT is None:  # scripts/ is not in the wheel
+        print(f"reproduce {row.row}: a script row runs the checkout's scripts/, which an installed package does not "
+              "ship; run it from a clone of the repository", file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     rc = subprocess.call(cmd, shell=True, cwd=REPO)

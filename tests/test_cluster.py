@@ -86,7 +86,7 @@ def test_a_paper_row_is_one_slurm_array_of_every_cell(tmp_path):
                 for seed in c.seeds}
     assert set(cells) == expected and len(cells) == len(expected) == len(s["jobs"])
     # what the array would run composes, with the SLURM launcher
-    one = [a for a in cmd[2:] if a not in ("--multirun",) and not a.startswith("+cell=")] + [f"+cell={cells[0]}"]
+    one = [a for a in cmd[cmd.index("--multirun") + 1:] if not a.startswith("+cell=")] + [f"+cell={cells[0]}"]
     p = subprocess.run([sys.executable, "train.py", *one, "--cfg", "hydra"], cwd=REPO, capture_output=True,
                        text=True, timeout=120, env=ENV)
     assert p.returncode == 0, p.stderr[-2000:]

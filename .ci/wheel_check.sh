@@ -3,8 +3,9 @@
 # fresh venv, and from a directory outside the checkout: compose a config (--cfg job), one of the user's own
 # (--config-dir), train on digits, re-evaluate the run, list the paper rows and lay out one row's sweep.
 #   bash .ci/wheel_check.sh PYTHON     (PYTHON: a venv's python holding flatbnn's dependencies, e.g. CI's)
-# Nothing downloads (but see the build step below): the fresh venv sees PYTHON's site-packages (torch, hydra, ...) through a .pth line, which does
-# not run that venv's own .pth files -- so its editable flatbnn stays out of sight -- and pip runs with --no-index.
+# Nothing downloads (but see the build step below): the fresh venv sees PYTHON's site-packages (torch, hydra, ...)
+# through a .pth line, which does not run that venv's own .pth files -- so its editable flatbnn stays out of sight --
+# and pip installs with --no-index.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${1:?usage: .ci/wheel_check.sh PYTHON}"

@@ -72,3 +72,24 @@ def test_a_script_row_refuses_in_one_line_where_the_package_is_installed(tmp_pat
     assert ran == [] and list(tmp_path.iterdir()) == []
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "installed package does not ship" in err and "clone" in err, err
+
+
+def test_a_missing_matplotlib_fails_the_diagram_instead_of_skipping_it(tmp_path, monkeypatch):
+    """matplotlib is a declared dependency: a run that asks for a reliability diagram must not print 'skipped' and
+    go on without it (a broken install would then pass unnoticed)."""
+    import sys
+
+    import torch
+
+    from flatbnn.engine.run import _reliability
+    from flatbnn.metrics.evaluate import EvalConfig
+
+    probs, targets = torch.tensor([[0.8, 0.2], [0.3, 0.7]]), torch.tensor([0, 1])
+    _reliability(probs, targets, tmp_path / "ok.png", EvalConfig())
+    assert (tmp_path / "ok.png").stat().st_size > 0
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib...` now raises ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
+    with pytest.raises(ImportError):
+        _reliability(probs, targets, tmp_path / "missing.png", EvalConfig())
+    assert not (tmp_path / "missing.png").exists()

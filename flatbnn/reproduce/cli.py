@@ -4,7 +4,7 @@
 writes ``outputs/`` and ``results/`` under the current directory).
 
     python scripts/reproduce.py list                                  # every row, its kind and scales
-    python scripts/reproduce.py check                                 # every spec and paper file loads; every cell composes
+    python scripts/reproduce.py check                                 # every spec and paper file loads; every cell composes; paper scale = the paper's protocol
     python scripts/reproduce.py run flatbnn_t2 --scale cpu -- dataset.root=../shared/data/cifar10_jpeg.tar.gz
     python scripts/reproduce.py run vsam_t3 --scale cpu --seeds 0 -- dataset.root=...   # every cell's first seed now
     python scripts/reproduce.py run flatbnn_t2 --scale paper --launcher slurm -- dataset.root=/data/cifar10
@@ -173,6 +173,8 @@ def main(argv=None) -> int:
             problems = check_all()
             if not args.no_compose and not problems:
                 problems += compose_all()
+                from flatbnn.reproduce.protocol import check_all as check_protocols
+                problems += check_protocols()  # the paper scale against the papers' protocols (results/paper/)
             for p in problems:
                 print(p, file=sys.stderr)
             print(f"{len(list_rows())} rows checked, {len(problems)} problems", file=sys.stderr)

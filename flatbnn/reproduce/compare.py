@@ -236,6 +236,7 @@ def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | No
             "paper_conventions": pd.get("conventions"), "paper_notes": pd.get("notes") or [],
             "figure": pd.get("figure"), "available": pd.get("available", True),
             "choices": row.choices or {},
+            "fidelity": _fidelity(row),
             "reads_runs": "{runs}" in str((row.script or {}).get(scale, "")),  # a script over other rows' runs
             "included": {n: (Path(ours["out"]) / n).read_text() for n in (row.compare or {}).get("include") or []
                          if (Path(ours["out"]) / n).exists()},
@@ -448,6 +449,7 @@ def to_markdown(c: dict) -> str:
     if c["choices"]:
         lines += ["", "## Our choices where the paper is silent", ""]
         lines += [f"- `{k}`: {v}" for k, v in c["choices"].items()]
+    lines += _fidelity_markdown(c)
     if c["table"] and c.get("ours_only"):
         lines += _ours_only_markdown(c)
     elif c["table"]:
@@ -515,6 +517,29 @@ def to_markdown(c: dict) -> str:
         lines += ["", "<details><summary>Notes on the paper's table</summary>", ""]
         lines += [f"- {n}" for n in c["paper_notes"]] + ["", "</details>"]
     return "\n".join(lines) + "\n"
+
+
+def _fidelity(row: Row) -> dict:
+    """The paper scale's fidelity to the paper's protocol: the entries CI checks and the row's declared departures."""
+    from flatbnn.reproduce.protocol import fidelity_summary
+    return {"summary": fidelity_summary(row), "departures": list(row.departures or [])}
+
+
+def _fidelity_markdown(c: dict) -> list[str]:
+    f = c.get("fidelity") or {}
+    if not f or f.get("summary") == "–":
+        return []
+    lines = ["", "## Departures from the paper's protocol (paper scale)", "",
+             f"Protocol: {f['summary']} (the paper's entries in `results/paper/{c['row']}.yaml` `protocol:`, checked "
+             f"against every composed paper-scale cell by tests/test_protocol_fidelity.py; departures declared in "
+             f"`rows/{c['row']}.yaml`)."]
+    if f["departures"]:
+        lines += ["", "| key | cells | ours | paper | why |", "|---|---|---|---|---|"]
+        lines += [f"| `{d.get('key')}` | `{d.get('cells', '*')}` | {d.get('ours')!r} | {d.get('paper')!r} | "
+                  f"{d.get('category')}: {d.get('reason')} |" for d in f["departures"]]
+    else:
+        lines += ["", "No declared departures."]
+    return lines
 
 
 def _cells_markdown(table: list[dict], title: str, intro: str) -> list[str]:

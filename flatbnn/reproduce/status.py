@@ -12,6 +12,7 @@ from pathlib import Path
 
 from flatbnn.engine.checkpoint import write_text
 from flatbnn.reproduce.compare import RESULTS_ROOT
+from flatbnn.reproduce.protocol import fidelity_summary
 from flatbnn.reproduce.spec import PAPER_DIR, REPO, SCALES, SpecError, list_rows, load_paper_data, load_row
 
 STATUS_PATH = REPO / "results" / "STATUS.md"
@@ -88,21 +89,24 @@ def render() -> str:
              "state of each scale. `smoke` = every cell for a few steps on fake data (CI); `cpu` = a stated reduced "
              "budget on 2 CPU cores (direction checks only, never a reproduction); `paper` = the paper's protocol "
              "(the only scale at which a row can be called reproduced). Commit after `@` (+dirty: uncommitted "
-             "changes in the tree at run time).", "",
-             "| row | paper | what | paper numbers | smoke | cpu | paper scale |",
-             "|---|---|---|---|---|---|---|"]
+             "changes in the tree at run time). `fidelity` = the paper's protocol entries with a value that CI checks "
+             "against every composed paper-scale cell (`results/paper/<row>.yaml` `protocol:`) / the departures the "
+             "row declares (`rows/<row>.yaml` `departures:`).", "",
+             "| row | paper | what | paper numbers | fidelity | smoke | cpu | paper scale |",
+             "|---|---|---|---|---|---|---|---|"]
     for name in list_rows():
         try:
             row = load_row(name)
         except SpecError as e:
-            lines.append(f"| {name} | | **invalid spec**: {e} | | | | |")
+            lines.append(f"| {name} | | **invalid spec**: {e} | | | | | |")
             continue
         what = row.title + (f" — **blocked**: {row.blocked}" if row.blocked else "")
         if row.kind == "script" and row.results:
             what += f" (committed: [{row.results}]({Path(row.results).relative_to('results')}))" \
                 if row.results.startswith("results/") else ""
         states = [_scale_state(row, s) for s in SCALES]
-        lines.append(f"| `{name}` | {row.paper} | {what} | {_paper_state(row)} | " + " | ".join(states) + " |")
+        lines.append(f"| `{name}` | {row.paper} | {what} | {_paper_state(row)} | {fidelity_summary(row)} | "
+                     + " | ".join(states) + " |")
     orphans = sorted(p.stem for p in PAPER_DIR.glob("*.yaml") if p.stem not in list_rows())
     if orphans:
         lines += ["", "Paper data without a row spec (tables kept as data only): " +

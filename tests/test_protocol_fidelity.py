@@ -1,0 +1,77 @@
+"""The paper scale runs the paper's protocol (issue 32): every paper-scale cell of every row, composed as train.py /
+evaluate.py would, against the protocol transcribed next to the paper's numbers (results/paper/<row>.yaml
+``protocol:``). A difference passes only when the row declares it under ``departures:`` (flatbnn/reproduce/protocol.py).
+"""
+
+import copy
+
+import pytest
+
+from flatbnn.reproduce import protocol as P
+from flatbnn.reproduce.spec import load_row
+
+ROWS = P.rows_with_paper_scale()
+
+
+@pytest.mark.parametrize("name", ROWS)
+def test_paper_scale_follows_the_papers_protocol(name):
+    row = load_row(name)
+    if not P.protocol_of(row):
+        pytest.skip(f"{name}: no protocol yet (results/STATUS.md says so)")  # visible with -rs, never a pass
+    fid = P.check_row(row)
+    assert fid.checked > 0 and fid.cells == len([c for c in row.cells_for("paper") if not c.blocked])
+    assert not fid.problems, "\n".join(fid.problems)
+
+
+def _bsam_t6():
+    row = load_row("bsam_t6")
+    return row, copy.deepcopy(P.protocol_of(row))
+
+
+def test_an_undeclared_difference_fails_naming_row_cell_key_paper_and_ours():
+    row, proto = _bsam_t6()
+    proto["entries"]["epochs"]["value"] = 100  # the paper "says" 100; the spec trains 120
+    problems = P.check_row(row, proto).problems
+    line = next(p for p in problems if "trainer.epochs" in p)
+    assert line.startswith("bsam_t6 / fashion_mnist/lenet5/sgd") and "paper 100 (epochs), ours 120" in line
+    assert "mnist/mlp/" not in line  # the MNIST cells' own (lost) entry overrides the shared one
+
+
+def test_a_declared_departure_passes_only_with_the_same_values():
+    row, proto = _bsam_t6()
+    proto["entries"]["epochs"]["value"] = 100
+    dep = {"key": "trainer.epochs", "cells": "fashion_mnist/*", "ours": 120, "paper": 100,
+           "category": "our extension", "reason": "test"}
+    row.departures = [dep]
+    assert not [p for p in P.check_row(row, proto).problems if "epochs" in p]
+    row.departures = [{**dep, "ours": 110}]  # a departure saying 110 does not cover a spec that trains 120
+    problems = P.check_row(row, proto).problems
+    assert any("undeclared departure" in p and "trainer.epochs" in p for p in problems)
+    assert any("matches no difference: remove it" in p for p in problems)  # and the stale one is named
+    row.departures = [{**dep, "category": "because"}]
+    assert any("category must be one of" in p for p in P.check_row(row, proto).problems)
+
+
+def test_an_entry_whose_key_the_composed_config_lacks_fails():
+    row, proto = _bsam_t6()
+    proto["entries"]["epochs"]["key"] = "trainer.epoch"
+    problems = P.check_row(row, proto).problems
+    assert any("maps to trainer.epoch, which the composed config does not have" in p for p in problems)
+
+
+def test_entries_need_a_source_or_a_status_and_cell_patterns_must_match():
+    row, proto = _bsam_t6()
+    del proto["entries"]["epochs"]["source"]
+    assert any("needs `value:` and `source:`" in p for p in P.check_row(row, proto).problems)
+    row, proto = _bsam_t6()
+    proto["entries"]["batch size"].pop("from")
+    assert any("needs `from:`" in p for p in P.check_row(row, proto).problems)
+    row, proto = _bsam_t6()
+    proto["cells"]["cifar10/*"] = {}
+    assert any("'cifar10/*' matches no paper-scale cell" in p for p in P.check_row(row, proto).problems)
+
+
+def test_values_compare_as_protocol_values():
+    assert P.same(4.1667e-4, 25 / 60000, rel_tol=1e-4) and not P.same(4.1667e-4, 25 / 60000)
+    assert not P.same(True, 1) and not P.same(0.2828, 0.565685424949238)
+    assert P.same([0.9, 0.999], [0.9, 0.999]) and not P.same([0.9], [0.9, 0.999])

@@ -9,7 +9,8 @@
       cells:                        # per-cell entries by glob, applied in order (null removes an entry)
         "*/adam": {lr: {key: optimizer.lr, value: 1.0e-3, status: lost, from: "author README"}, momentum: null}
 
-An entry names the config key(s) it maps to (``row.n_seeds``: the paper scale's number of seeds) and either the paper's ``value`` with its ``source`` (section / table
+``inherit: <row>`` starts from another row's protocol (its entries, then its cell patterns, then this row's;
+a pattern of this row replaces the inherited one of the same glob). An entry names the config key(s) it maps to (``row.n_seeds``: the paper scale's number of seeds) and either the paper's ``value`` with its ``source`` (section / table
 and a short quote), or ``status: silent`` (the paper does not say) / ``lost`` (our copy lost it, bSAM's tables)
 with ``from`` saying where the value we check comes from (official code, author README, our choice). An entry
 without a value only documents (nothing to compare). Every entry with a value is compared with the composed
@@ -49,22 +50,40 @@ class Fidelity:
 
 
 def protocol_of(row: Row) -> dict | None:
-    """The ``protocol:`` section of the row's paper file (None: no protocol transcribed yet)."""
+    """The ``protocol:`` section of the row's paper file (None: no protocol transcribed yet), with the protocol
+    it inherits (``inherit: <row>``: that row's entries and cell patterns first, this one's after) resolved."""
     pd = row.paper_data() or {}
-    return pd.get("protocol")
+    return _resolve(pd.get("protocol"), row.row)
+
+
+def _resolve(protocol: dict | None, name: str, depth: int = 0) -> dict | None:
+    if not protocol or not protocol.get("inherit"):
+        return protocol
+    parent_name = protocol["inherit"]
+    if depth > 4:
+        raise SpecError(f"{name}: protocol inherit chain too deep")
+    from flatbnn.reproduce.spec import PAPER_DIR, load_paper_data
+    path = PAPER_DIR / f"{parent_name}.yaml"
+    if not path.exists():
+        raise SpecError(f"{name}: protocol inherits {parent_name!r}: no {path}")
+    parent = _resolve(load_paper_data(path).get("protocol"), parent_name, depth + 1) or {}
+    own_cells = protocol.get("cells") or {}
+    cells = {k: v for k, v in (parent.get("cells") or {}).items() if k not in own_cells}
+    return {"entries": {**(parent.get("entries") or {}), **(protocol.get("entries") or {})},
+            "cells": {**cells, **own_cells}, "own_cells": list(own_cells), "notes": protocol.get("notes")}
 
 
 def _validate(row: str, protocol: dict) -> list[str]:
     problems = []
-    unknown = set(protocol) - {"entries", "cells", "notes"}
+    unknown = set(protocol) - {"entries", "cells", "notes", "inherit", "own_cells"}
     if unknown:
-        problems.append(f"{row}: protocol has unknown keys {sorted(unknown)} (use entries, cells, notes)")
+        problems.append(f"{row}: protocol has unknown keys {sorted(unknown)} (use inherit, entries, cells, notes)")
     blocks = [("entries", protocol.get("entries") or {})] + [
         (f"cells[{g!r}]", v or {}) for g, v in (protocol.get("cells") or {}).items()]
     for where, block in blocks:
         for name, e in block.items():
-            if e is None and where != "entries":
-                continue  # a cell pattern removing a shared entry
+            if e is None:
+                continue  # removes an inherited or shared entry
             if not isinstance(e, dict) or not e.get("key"):
                 problems.append(f"{row}: protocol {where}.{name} needs a `key:` (the config key(s) it maps to)")
                 continue
@@ -82,7 +101,7 @@ def _validate(row: str, protocol: dict) -> list[str]:
 
 def entries_for(protocol: dict, cell_id: str) -> dict[str, dict]:
     """The protocol entries that apply to one cell: the shared ones, then every matching cell pattern in order."""
-    out = dict(protocol.get("entries") or {})
+    out = {k: v for k, v in (protocol.get("entries") or {}).items() if v is not None}
     for pattern, block in (protocol.get("cells") or {}).items():
         if fnmatch.fnmatchcase(cell_id, pattern):
             for name, e in (block or {}).items():
@@ -163,13 +182,14 @@ def check_row(row: Row, protocol: dict | None = _ABSENT, compose=None) -> Fideli
     fid.problems += _validate(row.row, protocol)
     if fid.problems:
         return fid
-    names = set(protocol.get("entries") or {}) | {n for b in (protocol.get("cells") or {}).values() for n in (b or {})}
+    names = {n for n, e in (protocol.get("entries") or {}).items() if e is not None} | {
+        n for b in (protocol.get("cells") or {}).values() for n, e in (b or {}).items() if e is not None}
     fid.entries = len(names)
     checked, used = set(), set()
     undeclared: dict[tuple, list[str]] = {}  # (key, entry, paper, ours) -> cells: one line per difference
     cells = paper_cells(row)
     fid.cells = len(cells)
-    for pattern in protocol.get("cells") or {}:
+    for pattern in protocol.get("own_cells", protocol.get("cells") or {}):  # an inherited pattern may not apply
         if not any(fnmatch.fnmatchcase(cid, pattern) for cid, _, _ in cells):
             fid.problems.append(f"{row.row}: protocol cell pattern {pattern!r} matches no paper-scale cell")
     for cid, overrides, facts in cells:
@@ -244,12 +264,6 @@ def fidelity_summary(row: Row) -> str:
     protocol = protocol_of(row)
     if not protocol:
         return "**no protocol yet**"
-    names = {}
-    for n, e in (protocol.get("entries") or {}).items():
-        names[n] = e
-    for block in (protocol.get("cells") or {}).values():
-        for n, e in (block or {}).items():
-            if e is not None and "value" in e:
-                names[n] = e
-    checked = sum(1 for e in names.values() if isinstance(e, dict) and "value" in e)
-    return f"{checked} checked / {len(row.departures or [])} departures"
+    checked = {n for c in row.cells_for("paper") if not c.blocked
+               for n, e in entries_for(protocol, c.id).items() if "value" in e}
+    return f"{len(checked)} checked / {len(row.departures or [])} departures"

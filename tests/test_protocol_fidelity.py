@@ -16,8 +16,8 @@ ROWS = P.rows_with_paper_scale()
 @pytest.mark.parametrize("name", ROWS)
 def test_paper_scale_follows_the_papers_protocol(name):
     row = load_row(name)
-    if not P.protocol_of(row):
-        pytest.skip(f"{name}: no protocol yet (results/STATUS.md says so)")  # visible with -rs, never a pass
+    assert P.protocol_of(row), f"{name}: no protocol in results/paper/{name}.yaml: transcribe the paper's before " \
+                               f"its paper scale can run"
     fid = P.check_row(row)
     assert fid.checked > 0 and fid.cells == len([c for c in row.cells_for("paper") if not c.blocked])
     assert not fid.problems, "\n".join(fid.problems)
@@ -66,12 +66,22 @@ def test_entries_need_a_source_or_a_status_and_cell_patterns_must_match():
     row, proto = _bsam_t6()
     proto["entries"]["batch size"].pop("from")
     assert any("needs `from:`" in p for p in P.check_row(row, proto).problems)
-    row, proto = _bsam_t6()
-    proto["cells"]["cifar10/*"] = {}
-    assert any("'cifar10/*' matches no paper-scale cell" in p for p in P.check_row(row, proto).problems)
+    row = load_row("hwa_fig1")
+    proto = copy.deepcopy(P.protocol_of(row))
+    proto["cells"]["cifar100/*"] = {}
+    assert any("'cifar100/*' matches no paper-scale cell" in p for p in P.check_row(row, proto).problems)
 
 
 def test_values_compare_as_protocol_values():
     assert P.same(4.1667e-4, 25 / 60000, rel_tol=1e-4) and not P.same(4.1667e-4, 25 / 60000)
     assert not P.same(True, 1) and not P.same(0.2828, 0.565685424949238)
     assert P.same([0.9, 0.999], [0.9, 0.999]) and not P.same([0.9], [0.9, 0.999])
+
+
+def test_an_inheriting_protocol_adds_to_the_same_glob_and_a_repeated_key_is_caught():
+    row = load_row("bsam_t5")  # inherits bsam_t1; both write "cifar100/*"
+    entries = P.entries_for(P.protocol_of(row), "cifar100/resnet20_frn/bsam/m2")
+    assert entries["outputs"]["value"] == 99 and entries["batch size"]["value"] == 200  # bsam_t1's and its own
+    assert entries["m"]["value"] == 2 and entries["lr"]["key"] == "method.lr"
+    assert P.duplicate_keys("a:\n  x: 1\n  y: 2\n  x: 3\nb: [{z: 1, z: 2}]\n") == ["x", "z"]
+    assert P.duplicate_keys("a: &v {x: 1}\nb: {<<: *v, y: 2}\n") == []

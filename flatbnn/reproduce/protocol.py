@@ -10,7 +10,7 @@
         "*/adam": {lr: {key: optimizer.lr, value: 1.0e-3, status: lost, from: "author README"}, momentum: null}
 
 ``inherit: <row>`` starts from another row's protocol (its entries, then its cell patterns, then this row's;
-a pattern of this row replaces the inherited one of the same glob). An entry names the config key(s) it maps to (``row.n_seeds``: the paper scale's number of seeds) and either the paper's ``value`` with its ``source`` (section / table
+a pattern of this row adds to, and overrides by name, the inherited one of the same glob). An entry names the config key(s) it maps to (``row.n_seeds``: the paper scale's number of seeds) and either the paper's ``value`` with its ``source`` (section / table
 and a short quote), or ``status: silent`` (the paper does not say) / ``lost`` (our copy lost it, bSAM's tables)
 with ``from`` saying where the value we check comes from (official code, author README, our choice). An entry
 without a value only documents (nothing to compare). Every entry with a value is compared with the composed
@@ -30,7 +30,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 
-from flatbnn.reproduce.spec import Row, SpecError, list_rows, load_row
+from flatbnn.reproduce.spec import PAPER_DIR, Row, SpecError, list_rows, load_row
 
 STATUSES = ("silent", "lost")
 CATEGORIES = ("paper silent", "official code differs", "data or weights unavailable", "our extension")
@@ -49,6 +49,22 @@ class Fidelity:
     problems: list[str] = field(default_factory=list)
 
 
+def duplicate_keys(text: str) -> list[str]:
+    """Keys written twice in one YAML mapping: YAML keeps the last silently, so a second cell pattern of the same
+    glob would drop the first one's entries unseen."""
+    import yaml
+    dups, stack = [], [yaml.compose(text)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode) and k.value != "<<"]
+            dups += sorted({k for k in keys if keys.count(k) > 1})
+            stack += [v for _, v in node.value]
+        elif isinstance(node, yaml.SequenceNode):
+            stack += node.value
+    return sorted(set(dups))
+
+
 def protocol_of(row: Row) -> dict | None:
     """The ``protocol:`` section of the row's paper file (None: no protocol transcribed yet), with the protocol
     it inherits (``inherit: <row>``: that row's entries and cell patterns first, this one's after) resolved."""
@@ -62,15 +78,17 @@ def _resolve(protocol: dict | None, name: str, depth: int = 0) -> dict | None:
     parent_name = protocol["inherit"]
     if depth > 4:
         raise SpecError(f"{name}: protocol inherit chain too deep")
-    from flatbnn.reproduce.spec import PAPER_DIR, load_paper_data
+    from flatbnn.reproduce.spec import load_paper_data
     path = PAPER_DIR / f"{parent_name}.yaml"
     if not path.exists():
         raise SpecError(f"{name}: protocol inherits {parent_name!r}: no {path}")
     parent = _resolve(load_paper_data(path).get("protocol"), parent_name, depth + 1) or {}
     own_cells = protocol.get("cells") or {}
-    cells = {k: v for k, v in (parent.get("cells") or {}).items() if k not in own_cells}
+    cells = dict(parent.get("cells") or {})
+    for glob, block in own_cells.items():  # the same glob: this row's entries over the inherited ones
+        cells[glob] = {**(cells.get(glob) or {}), **(block or {})}
     return {"entries": {**(parent.get("entries") or {}), **(protocol.get("entries") or {})},
-            "cells": {**cells, **own_cells}, "own_cells": list(own_cells), "notes": protocol.get("notes")}
+            "cells": cells, "own_cells": list(own_cells), "notes": protocol.get("notes")}
 
 
 def _validate(row: str, protocol: dict) -> list[str]:
@@ -180,6 +198,10 @@ def check_row(row: Row, protocol: dict | None = _ABSENT, compose=None) -> Fideli
             fid.problems.append(f"{row.row}: declares departures but results/paper/{row.row}.yaml has no protocol")
         return fid
     fid.problems += _validate(row.row, protocol)
+    paper_file = row.paper_data() is not None and (PAPER_DIR / f"{row.row}.yaml")
+    for key in duplicate_keys(paper_file.read_text()) if paper_file else []:
+        fid.problems.append(f"{row.row}: results/paper/{row.row}.yaml writes the key {key!r} twice in one mapping "
+                            f"(YAML keeps only the last)")
     if fid.problems:
         return fid
     names = {n for n, e in (protocol.get("entries") or {}).items() if e is not None} | {

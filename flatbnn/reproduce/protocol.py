@@ -288,4 +288,5 @@ def fidelity_summary(row: Row) -> str:
         return "**no protocol yet**"
     checked = {n for c in row.cells_for("paper") if not c.blocked
                for n, e in entries_for(protocol, c.id).items() if "value" in e}
-    return f"{len(checked)} checked / {len(row.departures or [])} departures"
+    n = len(row.departures or [])
+    return f"{len(checked)} checked / {n} departure{'s' if n != 1 else ''}"

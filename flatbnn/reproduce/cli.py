@@ -4,7 +4,8 @@
 writes ``outputs/`` and ``results/`` under the current directory).
 
     python scripts/reproduce.py list                                  # every row, its kind and scales
-    python scripts/reproduce.py check                                 # every spec and paper file loads; every cell composes; paper scale = the paper's protocol
+    python scripts/reproduce.py check                                 # every spec and paper file loads; every cell
+                                                                      # composes; the paper scale = the paper's protocol
     python scripts/reproduce.py run flatbnn_t2 --scale cpu -- dataset.root=../shared/data/cifar10_jpeg.tar.gz
     python scripts/reproduce.py run vsam_t3 --scale cpu --seeds 0 -- dataset.root=...   # every cell's first seed now
     python scripts/reproduce.py run flatbnn_t2 --scale paper --launcher slurm -- dataset.root=/data/cifar10

@@ -9,12 +9,14 @@
       cells:                        # per-cell entries by glob, applied in order (null removes an entry)
         "*/adam": {lr: {key: optimizer.lr, value: 1.0e-3, status: lost, from: "author README"}, momentum: null}
 
-``inherit: <row>`` starts from another row's protocol (its entries, then its cell patterns, then this row's;
-a pattern of this row adds to, and overrides by name, the inherited one of the same glob). An entry names the config key(s) it maps to (``row.n_seeds``: the paper scale's number of seeds) and either the paper's ``value`` with its ``source`` (section / table
-and a short quote), or ``status: silent`` (the paper does not say) / ``lost`` (our copy lost it, bSAM's tables)
-with ``from`` saying where the value we check comes from (official code, author README, our choice). An entry
-without a value only documents (nothing to compare). Every entry with a value is compared with the composed
-config of every cell it applies to; a difference must be declared in the row's ``departures:`` (rows/<row>.yaml)::
+``inherit: <row>`` starts from another row's protocol (its entries, then its cell patterns, then this row's; a
+pattern of this row adds to, and overrides by name, the inherited one of the same glob). An entry names the config
+key(s) it maps to (``row.n_seeds``: the paper scale's number of seeds) and either the paper's ``value`` with its
+``source`` (section / table and a short quote), or ``status: silent`` (the paper does not say) / ``lost`` (our copy
+lost it, bSAM's tables) with ``from`` saying where the value we check comes from (official code, author README, our
+choice). An entry without a value only documents (nothing to compare). Every entry with a value is compared with the
+composed config of every cell it applies to; a difference must be declared in the row's ``departures:``
+(rows/<row>.yaml)::
 
     departures:
       - {key: trainer.epochs, cells: "mnist/*", ours: 120, paper: 100, category: paper silent, reason: "..."}
@@ -162,7 +164,7 @@ def composed_value(cfg, key: str):
         return str(parent._get_node(leaf)._value())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compose(overrides: tuple[str, ...]):
     from flatbnn.reproduce.launch import compose_cell
     return compose_cell(list(overrides))

@@ -164,8 +164,8 @@ def composed_value(cfg, key: str):
         return str(parent._get_node(leaf)._value())
 
 
-@functools.cache
-def _compose(overrides: tuple[str, ...]):
+@functools.cache  # one composition per distinct override list (Hydra's own file cache cannot be shared between
+def _compose(overrides: tuple[str, ...]):  # composes: tried, a later cell then saw an earlier one's experiment values)
     from flatbnn.reproduce.launch import compose_cell
     return compose_cell(list(overrides))
 

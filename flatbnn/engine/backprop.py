@@ -28,6 +28,7 @@ class Backprop:
         self.grad_clip = grad_clip
         self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
         self._bn = [m for m in self.module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        self._bn_snapshot: list[torch.Tensor] = []
 
     # ---------------------------------------------------------------- passes
     def forward(self, loss_fn, batch) -> torch.Tensor:
@@ -46,13 +47,20 @@ class Backprop:
 
     @torch.no_grad()
     def unscaled_grads(self, params) -> list[torch.Tensor]:
-        """Current gradients divided by the loss scale (zeros where a parameter got none)."""
-        inv = 1.0 / self.scaler.get_scale() if self.scaler is not None else None
-        out = []
-        for p in params:
-            g = torch.zeros_like(p) if p.grad is None else p.grad
-            out.append(g * inv if inv is not None else g)
-        return out
+        """Current gradients divided by the loss scale (zeros where a parameter got none).
+
+        One multi-tensor multiply by the inverse scale read on the device (``get_scale()`` is a host read every
+        step). The scale is a power of two, so its reciprocal is exact in float32 as in the float64 of 1 / float."""
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
+        if self.scaler is None or not grads:
+            return grads
+        return torch._foreach_mul(grads, self.loss_scale().reciprocal())
+
+    def loss_scale(self) -> torch.Tensor:
+        """The GradScaler's current scale as a float32 device tensor (after the first scaled backward)."""
+        if self.scaler._scale is None:  # nothing scaled yet: the initial scale, as get_scale() would say
+            self.scaler._lazy_init_scale_growth_tracker(self.device)
+        return self.scaler._scale
 
     def step(self, optimizer: torch.optim.Optimizer, params=None) -> None:
         """Optimiser step; gradient clipping acts on the final (second-pass) gradient only."""
@@ -78,14 +86,17 @@ class Backprop:
         if enabled or not self._bn:
             yield
             return
-        saved = [(m, {k: b.clone() for k, b in m.named_buffers(recurse=False)}) for m in self._bn]
+        # one multi-tensor copy each way into buffers allocated once (a captured graph needs fixed addresses)
+        buffers = [b for m in self._bn for b in m.buffers(recurse=False)]
+        if [(b.shape, b.dtype, b.device) for b in self._bn_snapshot] != [(b.shape, b.dtype, b.device) for b in buffers]:
+            self._bn_snapshot = [torch.empty_like(b) for b in buffers]
+        with torch.no_grad():
+            torch._foreach_copy_(self._bn_snapshot, buffers)
         try:
             yield
         finally:
             with torch.no_grad():
-                for m, bufs in saved:
-                    for k, b in m.named_buffers(recurse=False):
-                        b.copy_(bufs[k])
+                torch._foreach_copy_(buffers, self._bn_snapshot)
 
     # ---------------------------------------------------------------- RNG replay
     def rng_state(self):

@@ -75,6 +75,10 @@ class Flatness:
         self.rho_schedule = rho_schedule
         self.rho_scale = 1.0
         self.generator: torch.Generator | None = None
+        # host scalars that change between steps (rho * rho_scale, ...) as float64 device tensors
+        # (``device_scalar``): a CUDA graph replays the step without Python, so what it reads must live in memory
+        # refilled outside the graph (``set_lr_ratio``), not in a captured constant
+        self._scalars: dict[str, list] = {}
 
     # ---------------------------------------------------------------- engine hooks
     def setup(self, ctx, method) -> None:
@@ -85,12 +89,44 @@ class Flatness:
             check(self)
 
     def set_lr_ratio(self, ratio: float) -> None:
+        """Called by the engine before every step, outside any captured graph: refills the device radius."""
         if self.rho_schedule == "lr":
             self.rho_scale = float(ratio)
+        for entry in self._scalars.values():
+            self._refill(entry)
 
     @property
     def radius(self) -> float:
         return self.rho * self.rho_scale
+
+    def device_scalar(self, key: str, value: Callable[[], float], device) -> torch.Tensor:
+        """``value()`` in a float64 0-dim tensor on ``device``, refilled in place when it changes (never rebound
+        once made). float64 holds the host double exactly, so ``.to(dtype)`` rounds as a Python scalar would."""
+        entry = self._scalars.get(key)
+        if entry is None or entry[0].device != torch.device(device):
+            entry = self._scalars[key] = [torch.zeros((), dtype=torch.float64, device=device), value, None]
+        entry[1] = value
+        self._refill(entry)
+        return entry[0]
+
+    @staticmethod
+    def _refill(entry) -> None:
+        v = float(entry[1]())  # host floats: a changed rho (schedule, sweep, test) refills; no device read
+        if v != entry[2]:
+            entry[0].fill_(v)
+            entry[2] = v
+
+    def radius_tensor(self, device) -> torch.Tensor:
+        """``radius`` (rho * rho_scale) as a device tensor (see ``device_scalar``)."""
+        return self.device_scalar("radius", lambda: self.radius, device)
+
+    def saved_buffers(self, params) -> list[torch.Tensor]:
+        """The copy of the weights the step restores, allocated once (a captured graph needs fixed addresses)."""
+        key = [(p.shape, p.dtype, p.device, p.stride()) for p in params]
+        if getattr(self, "_saved_key", None) != key:
+            self._saved = [torch.empty_like(p) for p in params]
+            self._saved_key = key
+        return self._saved
 
     # ---------------------------------------------------------------- the gradient
     def gradient(

@@ -36,14 +36,21 @@ class RandomSAM(Flatness):
     @torch.no_grad()
     def perturbation(self, params, perturb=None) -> list[torch.Tensor]:
         perturb = perturb or [True] * len(params)
-        std = self.std(params, perturb)
-        return [torch.randn(p.shape, generator=self.generator, device=p.device, dtype=p.dtype) * std
-                if on else torch.zeros_like(p) for p, on in zip(params, perturb)]
+        # the std as a device tensor (refilled by set_lr_ratio outside a captured graph); one multiply for all
+        # draws, the same products as `randn * float` (the float is rounded to the tensor dtype either way)
+        std = self.device_scalar("std", lambda: self.std(params, perturb), params[0].device)
+        noise = [torch.randn(p.shape, generator=self.generator, device=p.device, dtype=p.dtype)
+                 for p, on in zip(params, perturb) if on]
+        if noise:
+            torch._foreach_mul_(noise, std.to(noise[0].dtype))
+        it = iter(noise)
+        return [next(it) if on else torch.zeros_like(p) for p, on in zip(params, perturb)]
 
     def chunk_gradient(self, params, names, loss_fn, chunk, backprop, scaling, perturb, *, share, sync):
         eps = self.perturbation(params, perturb)
         with torch.no_grad():
-            saved = torch._foreach_mul(params, 1.0)
+            saved = self.saved_buffers(params)
+            torch._foreach_copy_(saved, params)
             torch._foreach_add_(params, eps)
         with nullcontext() if sync else backprop.no_sync():
             loss = backprop.forward(loss_fn, chunk)

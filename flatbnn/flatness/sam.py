@@ -44,6 +44,12 @@ def global_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(list(tensors))))
 
 
+def all_finite(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """A device bool: every element of every tensor is finite (the max-abs per tensor: inf or NaN stays so,
+    and unlike a 2-norm it never overflows on finite values). No host read."""
+    return torch.isfinite(torch.stack(torch._foreach_norm(list(tensors), ord=float("inf")))).all()
+
+
 class SAM(Flatness):
     name = "sam"
     passes = 2
@@ -85,19 +91,31 @@ class SAM(Flatness):
 
     @torch.no_grad()
     def perturbation(self, params, grads, scaling=None, names=None, perturb=None) -> list[torch.Tensor]:
-        """eps for every parameter (zeros where ``perturb`` is False)."""
+        """eps for every parameter (zeros where ``perturb`` is False).
+
+        The scaling acts on ONE flat vector (one multiply, one ``where``) instead of two kernels per tensor: the
+        same element-wise products, so the same bits as per tensor (tests/test_capturable_step.py)."""
         idx = [i for i in range(len(params)) if perturb is None or perturb[i]]
         sub = lambda xs: None if xs is None else [xs[i] for i in idx]  # noqa: E731
         numer, norm_terms = self.direction(sub(params), sub(grads), sub(scaling), sub(names))
         norm = global_norm(norm_terms)
-        eps = [torch.zeros_like(p) for p in params]
         # a non-finite gradient gives no ascent (eps = 0); decided on the device, since `if` on a tensor is a
-        # host sync every step. torch.where, not a zero factor: inf * 0 is NaN
+        # host sync every step. torch.where, not a zero factor: inf * 0 is NaN. reciprocal * radius is what
+        # `float / tensor` computes (Tensor.__rtruediv__); the radius is a device tensor (CUDA graphs)
         finite = torch.isfinite(norm)
-        factor = torch.where(finite, self.radius / (norm + self.eps), torch.zeros_like(norm))
-        for i, n in zip(idx, torch._foreach_mul(numer, factor)):
-            eps[i] = torch.where(finite, n, torch.zeros_like(n)).to(params[i].dtype)
-        return eps
+        radius = self.radius_tensor(norm.device).to(norm.dtype)
+        factor = torch.where(finite, torch.reciprocal(norm + self.eps) * radius, torch.zeros_like(norm))
+        eps: list[torch.Tensor | None] = [None] * len(params)
+        if numer and all(n.dtype == params[i].dtype for n, i in zip(numer, idx)) \
+                and len({n.dtype for n in numer}) == 1:
+            flat = torch.cat([n.reshape(-1) for n in numer])
+            flat = torch.where(finite, flat * factor, 0.0)
+            for i, e in zip(idx, flat.split([n.numel() for n in numer])):
+                eps[i] = e.view(params[i].shape)
+        else:  # mixed dtypes (never in a run: params share one dtype): per tensor, cast to each parameter's
+            for i, n in zip(idx, torch._foreach_mul(numer, factor)):
+                eps[i] = torch.where(finite, n, torch.zeros_like(n)).to(params[i].dtype)
+        return [torch.zeros_like(p) if e is None else e for p, e in zip(params, eps)]
 
     # ------------------------------------------------------------------ the two passes
     def gradient(self, *args, **kwargs) -> torch.Tensor:
@@ -121,8 +139,10 @@ class SAM(Flatness):
         eps = self.perturbation(params, grads, scaling, names, perturb)
 
         with torch.no_grad():
-            saved = torch._foreach_mul(params, 1.0)  # copies; restoring by copy keeps rho=0 exact
-            torch._foreach_add_(params, eps)
+            saved = self.saved_buffers(params)
+            torch._foreach_copy_(saved, params)  # restoring by copy keeps rho=0 exact
+            moved = [i for i in range(len(params)) if perturb[i]]
+            torch._foreach_add_([params[i] for i in moved], [eps[i] for i in moved])
             for p, g in zip(params, accumulated):
                 p.grad = g  # the second pass accumulates onto earlier chunks' gradients
         if rng is not None:

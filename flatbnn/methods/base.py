@@ -108,14 +108,23 @@ class Method:
         x, y = batch
         logits = self.model(x)
         if self._record:
-            if logits.dim() == 2 and logits.shape[1] > 1:
-                # stays on the device (read once per epoch): a .cpu() here would sync every step
-                self._correct = (logits.argmax(1) == y).sum().detach() + self._correct
+            self.count_correct(logits, y)
             self._seen += y.numel()
             self._record = False
         if self.ctx.criterion is not None:
             return self.ctx.criterion(logits, y)
         return F.cross_entropy(logits.float(), y, label_smoothing=self.ctx.label_smoothing)
+
+    @torch.no_grad()
+    def count_correct(self, logits: torch.Tensor, y: torch.Tensor) -> None:
+        """Add this batch's correct predictions to the running count. It stays on the device (read once per
+        epoch: a .cpu() here would sync every step) and is accumulated IN PLACE: a captured CUDA graph keeps
+        writing the tensor it saw, so rebinding ``_correct`` would silently freeze the count."""
+        if logits.dim() != 2 or logits.shape[1] <= 1:
+            return
+        if self._correct.device != logits.device:
+            self._correct = self._correct.to(logits.device)  # once: the first step on the device
+        self._correct.add_((logits.argmax(1) == y).sum())
 
     def train_step(self, batch, flatness, backprop) -> dict:
         self.optimizer.zero_grad(set_to_none=True)
@@ -129,7 +138,8 @@ class Method:
     def pop_train_accuracy(self) -> tuple[float, int]:
         """(correct, seen) since the last call; the engine all-reduces these."""
         out = (float(self._correct), self._seen)
-        self._correct, self._seen = torch.zeros(()), 0
+        self._correct.zero_()
+        self._seen = 0
         return out
 
     def lr(self) -> float:

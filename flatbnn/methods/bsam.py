@@ -45,6 +45,7 @@ from __future__ import annotations
 import torch
 
 from flatbnn.flatness.base import split_batch
+from flatbnn.flatness.sam import all_finite
 from flatbnn.methods.diag_gaussian import DiagonalGaussianMethod, batch_size
 from flatbnn.optim.bsam import BSAMOptimizer
 
@@ -108,8 +109,9 @@ class BSAM(DiagonalGaussianMethod):
                 self._record = True  # train accuracy at the noisy weights, every part
                 loss, g = self._grad(params, chunk, backprop, first and self.bn_stats in ("first", "both"))
                 ascent, curv = opt.ascent(g), opt.curvature(g)
-                if backprop.scaler is not None and not all(torch.isfinite(a).all() for a in ascent):
-                    ascent = [torch.zeros_like(a) for a in ascent]  # fp16 overflow: no ascent (step skipped below)
+                if backprop.scaler is not None:  # fp16 overflow: no ascent (step skipped below); decided on device
+                    finite = all_finite(ascent)
+                    ascent = [torch.where(finite, a, 0.0) for a in ascent]
                 with torch.no_grad():
                     self._assign(params, torch._foreach_add(mean, ascent))
                 _, gp = self._grad(params, chunk, backprop, first and self.bn_stats in ("second", "both"))
@@ -121,13 +123,27 @@ class BSAM(DiagonalGaussianMethod):
             self._assign(params, mean)
         g_p = self._all_reduce(g_p)
         h = self._all_reduce(h)
-        if backprop.scaler is not None and not all(torch.isfinite(t).all() for t in g_p + h):
-            backprop.scaler.update(new_scale=backprop.scaler.get_scale() * backprop.scaler.get_backoff_factor())
+        if backprop.scaler is not None:
+            self._update_unless_overflow(params, g_p, h, backprop)
         else:
             self.apply_update(params, g_p, h, backprop)
         if self.scheduler is not None:
             self.scheduler.step()
         return {"loss": loss_sum}
+
+    @torch.no_grad()
+    def _update_unless_overflow(self, params, g_p, h, backprop) -> None:
+        """fp16: a non-finite g_p or h skips the step and halves the scale (never grown again) -- decided on the
+        device (an `if` on a tensor is a host read every step): the update runs, and where it overflowed the
+        weights and the optimiser state are put back from a copy."""
+        finite = all_finite(g_p + h)
+        state = [self.optimizer.state[p][k] for p in params for k in ("momentum", "precision")]
+        before = [t.clone() for t in params + state]
+        self.apply_update(params, g_p, h, backprop)
+        for t, old in zip(params + state, before):
+            t.copy_(torch.where(finite, t, old))
+        scale = backprop.loss_scale()
+        backprop.scaler.update(new_scale=torch.where(finite, scale, scale * backprop.scaler.get_backoff_factor()))
 
     def describe(self) -> dict:
         return {**super().describe(), "lr": self.lr_init, "beta1": self.betas[0], "beta2": self.betas[1],

@@ -55,11 +55,13 @@ class RandomSAMMethod(Method):
         self._record = True
         loss = self.perturbation.gradient(self.named_parameters(), self.loss_fn, batch, backprop)
         if self.prior_coef:
-            scale = backprop.scaler.get_scale() if getattr(backprop, "scaler", None) is not None else 1.0
             with torch.no_grad():
-                for p in self.parameters():
-                    if p.grad is not None:
-                        p.grad.add_(p, alpha=self.prior_coef * scale)
+                have = [p for p in self.parameters() if p.grad is not None]
+                if getattr(backprop, "scaler", None) is None:
+                    torch._foreach_add_([p.grad for p in have], have, alpha=self.prior_coef)
+                else:  # fp16: scaled like the data term, by the scale on the device (no get_scale() host read)
+                    coef = backprop.loss_scale() * self.prior_coef
+                    torch._foreach_add_([p.grad for p in have], torch._foreach_mul(have, coef))
         backprop.step(self.optimizer)
         if self.scheduler is not None:
             self.scheduler.step()

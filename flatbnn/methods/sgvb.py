@@ -142,23 +142,24 @@ class SGVB(Method):
                     out.append(torch.ones_like(p))
         return out
 
-    def add_kl_gradient(self, backprop) -> float:
-        """p.grad += d(kl_weight KL / N)/dp at the current (mu, rho), scaled like the data term."""
+    def add_kl_gradient(self, backprop) -> torch.Tensor:
+        """p.grad += d(kl_weight KL / N)/dp at the current (mu, rho), scaled like the data term; returns the term
+        as a device tensor (a float() here was a host read every step; the trainer reads the loss in batches)."""
         params = [p for pair in self.pairs for p in pair]
         with torch.enable_grad():
             term = self.kl_term()
-            grads = torch.autograd.grad(term, params)
-        scale = backprop.scaler.get_scale() if getattr(backprop, "scaler", None) is not None else 1.0
+            grads = list(torch.autograd.grad(term, params))
         with torch.no_grad():
-            for p, g in zip(params, grads):
-                g = g if scale == 1.0 else g * scale
+            if getattr(backprop, "scaler", None) is not None:  # the scale stays on the device (power of two)
+                grads = torch._foreach_mul(grads, backprop.loss_scale())
+            have = [i for i, p in enumerate(params) if p.grad is not None]
+            torch._foreach_add_([params[i].grad for i in have], [grads[i] for i in have])
+            for i, p in enumerate(params):
                 if p.grad is None:
-                    p.grad = g.clone()
-                else:
-                    p.grad.add_(g)
-        return float(term.detach())
+                    p.grad = grads[i].clone()
+        return term.detach()
 
-    def data_gradient(self, batch, flatness, backprop) -> float:
+    def data_gradient(self, batch, flatness, backprop) -> torch.Tensor:
         """p.grad = gradient of the data term (through the flatness variant); returns the mean NLL."""
         scaling = self.flatness_scaling() if getattr(flatness, "needs_scaling", False) else None
         return flatness.gradient(self.named_parameters(), self.loss_fn, batch, backprop,

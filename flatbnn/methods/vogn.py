@@ -120,8 +120,7 @@ class VOGN(DiagonalGaussianMethod):
                     h_hat[i].add_((gi * gi).mean(0), alpha=share)
                 loss_sum = loss_sum + losses.float().mean() * share
                 y = chunk[1]
-                if logits.dim() == 2 and logits.shape[1] > 1:
-                    self._correct = (logits.argmax(1) == y).sum().detach() + self._correct  # on the device: no sync
+                self.count_correct(logits, y)
                 self._seen += y.numel()
         g_hat = self._all_reduce(g_hat)
         h_hat = self._all_reduce(h_hat)

@@ -129,7 +129,7 @@ class VariationalSAM(Method):
         if self.ctx.all_reduce_mean is not None and self.ctx.world_size > 1:
             self.ctx.all_reduce_mean(m_grad)  # per-worker g -> keep M identical on every rank
         if getattr(backprop, "scaler", None) is not None:
-            m_grad = m_grad * backprop.scaler.get_scale()  # scaled like the data term for fp16
+            m_grad = m_grad * backprop.loss_scale()  # scaled like the data term for fp16 (no host read)
         with torch.no_grad():
             weights = [p.detach() for p in params]
             saved = flatten(weights)

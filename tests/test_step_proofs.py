@@ -1,0 +1,118 @@
+"""Issue 33, CPU-side proofs that a training step can be captured in a CUDA graph (flatbnn/engine/graphed.py):
+
+* host reads: no ``aten._local_scalar_dense`` (what ``.item()``, ``float(t)``, ``bool(t)``, ``if t:`` dispatch to)
+  in 3 steps of every method x {flatness none, sam, sam m=8 (own-perturbation methods: method.m=8)} x
+  {fp32, bf16 autocast}. A host read is a device sync per step, and inside a capture it is an error;
+* rebinding: after a warm-up step, no tensor the step writes (weights, BatchNorm buffers, optimiser state, the
+  method's and the flatness' own tensors) is replaced by a new one -- a graph would keep writing the old one.
+  Gradients are exempt (set_to_none makes them new each step; inside a graph they come from its pool)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from helpers import compose_cfg
+
+# every method config with a _target_ of its own, with the overrides a 3-step CPU run needs
+METHODS = {
+    "map": [], "swag": ["method.swa_start=0"], "sgld": [], "mc_dropout": ["model.dropout=0.2"],
+    "deep_ens": ["method.num_members=2"], "hwa": [], "sgvb": [], "bsam": ["method.num_samples=1"],
+    "vogn": ["method.num_samples=1"], "vsam": [], "rsam": [],
+}
+OWN_PERTURBATION = {"bsam", "vogn", "vsam", "rsam"}
+M8 = {"bsam", "vogn"}  # own perturbation with an m of their own
+
+
+class HostReads(TorchDispatchMode):
+    """Counts device->host scalar reads (``.item()``, ``float()``, ``bool()`` all dispatch to this op)."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            import traceback
+            self.reads.append("".join(traceback.format_stack(limit=6)[:-1]))
+        return func(*args, **(kwargs or {}))
+
+
+def _built(method: str, flatness: str, precision: str, tmp_path: Path):
+    from flatbnn.engine.run import build
+
+    over = ["dataset=digits", "model=mlp", "model.hidden=[16]", f"method={method}", *METHODS[method],
+            "trainer.device=cpu", f"trainer.precision={precision}", "trainer.batch_size=16", "trainer.epochs=1",
+            "dataset.train_subset=64", "dataset.test_subset=32"]
+    if flatness == "m8":
+        over += ["method.m=8"] if method in M8 else ["flatness=sam", "flatness.m=8"]
+    elif flatness == "sam":
+        over += ["flatness=sam"]
+    b = build(compose_cfg(over), run_dir=tmp_path)
+    b.method.train()
+    return b
+
+
+def _batch(b):
+    return next(iter(b.train_loader))
+
+
+def _cases():
+    for method in METHODS:
+        for flat in ("none", "sam", "m8"):
+            if method in OWN_PERTURBATION and flat == "sam":
+                continue
+            if flat == "m8" and method in OWN_PERTURBATION and method not in M8:
+                continue
+            for precision in ("fp32", "bf16"):
+                yield pytest.param(method, flat, precision, id=f"{method}-{flat}-{precision}")
+
+
+@pytest.mark.parametrize("method,flat,precision", list(_cases()))
+def test_three_steps_read_nothing_back_to_the_host(method, flat, precision, tmp_path):
+    b = _built(method, flat, precision, tmp_path)
+    batch = _batch(b)
+    with HostReads() as mode:
+        for _ in range(3):
+            b.method.train_step(batch, b.flatness, b.backprop)
+    assert not mode.reads, f"{len(mode.reads)} host reads; the first from:\n{mode.reads[0]}"
+
+
+def _written_tensors(b) -> dict[str, torch.Tensor]:
+    """Every tensor a step may write, by a stable name."""
+    out = {f"module.{k}": v for k, v in b.module.state_dict(keep_vars=True).items()}
+    opt = b.method.optimizer
+    names = {id(p): n for n, p in b.module.named_parameters()}
+    for i, (p, st) in enumerate(opt.state.items()):
+        for k, v in st.items():
+            if torch.is_tensor(v):
+                out[f"opt.{names.get(id(p), i)}.{k}"] = v
+    for owner, obj in (("method", b.method), ("flatness", b.flatness), ("backprop", b.backprop)):
+        for k, v in vars(obj).items():
+            if torch.is_tensor(v):
+                out[f"{owner}.{k}"] = v
+            elif isinstance(v, list) and v and all(torch.is_tensor(t) for t in v):
+                out.update({f"{owner}.{k}[{i}]": t for i, t in enumerate(v)})
+    if b.backprop.scaler is not None:
+        out["scaler.scale"] = b.backprop.scaler._scale
+    return out
+
+
+@pytest.mark.parametrize("method,flat", [("map", "sam"), ("map", "m8"), ("sgvb", "sam"), ("bsam", "m8"),
+                                         ("vsam", "none"), ("rsam", "none"), ("vogn", "none"), ("sgld", "none"),
+                                         ("swag", "sam")])
+def test_no_tensor_the_step_writes_is_rebound(method, flat, tmp_path):
+    b = _built(method, flat, "fp32", tmp_path)
+    batch = _batch(b)
+    b.method.train_step(batch, b.flatness, b.backprop)  # warm-up: lazily made buffers exist after it
+    before = {k: (v, v.data_ptr()) for k, v in _written_tensors(b).items()}
+    for _ in range(2):
+        b.method.train_step(batch, b.flatness, b.backprop)
+    after = _written_tensors(b)
+    rebound = sorted(k for k, (v, ptr) in before.items()
+                     if k not in after or after[k] is not v or after[k].data_ptr() != ptr)
+    assert not rebound, f"rebound between steps: {rebound}"
+    assert sorted(after) == sorted(before)  # and none appeared after the warm-up

@@ -28,6 +28,7 @@ from flatbnn.engine import distributed as D
 from flatbnn.engine.backprop import Backprop, seed_everything
 from flatbnn.engine.checkpoint import (CheckpointError, RunDirLock, RunDirLocked, load_checkpoint,
                                       remove_stale_temp_files, write_bytes, write_json)
+from flatbnn.engine.compiling import compile_model, save_compile_cache
 from flatbnn.engine.loggers import JsonlLogger
 from flatbnn.engine.provenance import git_commit, hardware
 from flatbnn.engine.trainer import Trainer
@@ -135,8 +136,8 @@ def build(cfg: DictConfig, run_dir: Path | None = None, *, training: bool = True
     if info.enabled:
         ddp = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)
         model = ddp
-    if tc.compile:
-        model = torch.compile(model)
+    if tc.compile:  # with the Inductor workarounds of this torch and the cache of earlier runs
+        model = compile_model(model, device, tc.get("compile_cache"))
     generator = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + info.rank)
 
     # ---------------------------------------------------------------- data
@@ -605,6 +606,9 @@ def _train_and_evaluate(b: Built, claim: "Claim", t_start: float, git_start: dic
     trainer.fit(method, b.flatness, b.backprop, b.train_loader, b.sampler, b.bundle.train,
                 evaluate_epoch=evaluate_epoch if tc.eval_every else None, generator=b.generator,
                 checkpoint_extra={"config": claim.config, "resume_changes": history, "git_segments": git_segments})
+
+    if tc.compile and info.is_main:
+        save_compile_cache(b.device, tc.get("compile_cache"))
 
     # ---------------------------------------------------------------- final evaluation
     metrics, predictive = final_evaluate(b)

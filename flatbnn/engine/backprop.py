@@ -100,12 +100,19 @@ class Backprop:
 
     # ---------------------------------------------------------------- RNG replay
     def rng_state(self):
+        """The global RNG states (the second pass replays the first pass's dropout masks); None while a CUDA graph
+        is being captured (torch.cuda.get_rng_state cannot run there; ``engine/graphed.py`` captures only steps
+        whose forward draws nothing from the global generators)."""
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
         state = {"torch": torch.get_rng_state()}
         if self.device.type == "cuda":
             state["cuda"] = torch.cuda.get_rng_state(self.device)
         return state
 
     def set_rng_state(self, state) -> None:
+        if state is None:  # captured step: nothing to replay (see rng_state)
+            return
         torch.set_rng_state(state["torch"])
         if "cuda" in state:
             torch.cuda.set_rng_state(state["cuda"], self.device)

@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from flatbnn.engine import distributed as D
+from flatbnn.engine import graphed
 from flatbnn.engine.backprop import Backprop, seed_everything
 from flatbnn.engine.checkpoint import (CheckpointError, RunDirLock, RunDirLocked, load_checkpoint,
                                       remove_stale_temp_files, write_bytes, write_json)
@@ -136,6 +137,8 @@ def build(cfg: DictConfig, run_dir: Path | None = None, *, training: bool = True
     if info.enabled:
         ddp = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)
         model = ddp
+    if tc.get("cuda_graph") and graphed.refusal(device) is not None:
+        raise ValueError(graphed.refusal(device))
     if tc.compile:  # with the Inductor workarounds of this torch and the cache of earlier runs
         model = compile_model(model, device, tc.get("compile_cache"))
     generator = torch.Generator(device=device).manual_seed(cfg.seed * 1_000_003 + info.rank)
@@ -570,6 +573,9 @@ def _train_and_evaluate(b: Built, claim: "Claim", t_start: float, git_start: dic
     trainer = Trainer(epochs=b.total_epochs, run_dir=run_dir, info=info, device=b.device,
                       checkpoint_every=tc.checkpoint_every, eval_every=tc.eval_every, progress=tc.progress,
                       limit_train_batches=tc.limit_train_batches, channels_last=tc.channels_last)
+    if tc.get("cuda_graph"):  # captured on the first step of this process: after any resume below
+        trainer.train_step = graphed.GraphedStep(
+            method, b.flatness, b.backprop, log=lambda line: info.is_main and print(line, file=sys.stderr))
     ckpt = b.resume_ckpt
     if ckpt is not None:
         fresh = _optimizer_snapshot(method)  # this config's hyperparameters, before the checkpoint's replace them

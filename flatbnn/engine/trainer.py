@@ -108,6 +108,8 @@ class Trainer:
         self.global_step = 0
         self.elapsed = 0.0
         self.history_tail: dict = {}
+        # replaces method.train_step when set (trainer.cuda_graph: engine/graphed.py's GraphedStep)
+        self.train_step = None
 
     # ---------------------------------------------------------------- state
     def state(self, method, backprop, generator, extra: dict) -> dict:
@@ -205,7 +207,7 @@ class Trainer:
                     batch = self.to_device(batch)
                     if flatness.rho_schedule == "lr":
                         flatness.set_lr_ratio(method.lr_ratio())
-                    out = method.train_step(batch, flatness, backprop)
+                    out = (self.train_step or method.train_step)(batch, flatness, backprop)
                     pending.append(out["loss"])
                     n_steps += 1
                     n_images += batch[1].numel()

@@ -49,6 +49,9 @@ class Method:
     #: True for methods that perturb the weights themselves (bSAM, VOGN, VSAM, RandomSAM): composing them
     #: with a flatness variant would either ignore it or perturb twice, so any flatness but ``none`` is refused
     own_perturbation = False
+    #: False for methods whose step keeps host-side state (counters, sample collection, member swaps): with
+    #: ``trainer.cuda_graph=true`` their steps run eagerly (flatbnn/engine/graphed.py), with a one-line reason
+    capturable = True
 
     def __init__(self, num_samples: int = 1):
         self.num_samples = int(num_samples)

@@ -18,6 +18,7 @@ from flatbnn.methods.base import Method
 
 class DeepEnsemble(Method):
     name = "deep_ens"
+    capturable = False  # swaps members (new weights and optimiser) between steps
 
     def __init__(self, num_members: int = 5):
         if num_members < 1:

@@ -45,6 +45,7 @@ NOISE_MODES = ("langevin", "linear", "schedule")
 
 class SGLD(Method):
     name = "sgld"
+    capturable = False  # noise scaled by the host lr, step counters and sample keeping inside its step
 
     def __init__(self, temperature: float = 1.0, burn_in: float = 0.5, sample_every: int = 1,
                  sample_unit: str = "epoch", max_samples: int = 30, noise_mode: str = "langevin",

@@ -33,6 +33,7 @@ MODES = {"swa": 0.0, "swag": 0.5, "swag_diag": 1.0}
 
 class SWAG(Method):
     name = "swag"
+    capturable = False  # counts steps and collects moments on the host inside its step (collect_unit=step)
 
     def __init__(self, mode: str = "swag", swa_start: float = 0.5, collect_every: int = 1,
                  collect_unit: str = "epoch", max_rank: int = 20, scale: float | None = None,

@@ -1,0 +1,244 @@
+"""``trainer.cuda_graph=true``: the whole training step replayed from one CUDA graph (issue 33 item 1).
+
+On the GPUs we have (H100 / H200) every step of the small CIFAR nets is bound by the host issuing kernels (SAM m = 8:
+~17,500 launches per step); a graph replays them with one launch. One graph per (method, flatness, batch shape)
+holds zero-grad, ``flatness.gradient`` (every chunk, both passes, the BatchNorm policy), clipping and the optimiser
+step. Outside it, in Python, stay: copying the batch into the static input buffers, the lr scheduler (it fills the
+optimiser's device lr tensors), the rho schedule (``Flatness.set_lr_ratio`` refills its device scalars), the
+example counter, posterior collection, stop checks and checkpoints.
+
+Capture protocol (``GraphedStep._capture``): snapshot every tensor the step writes (and the RNG states and the
+method's host counters); warm up on a side stream (lazy state -- optimiser moments, the SAM weight copy, the
+BatchNorm snapshot -- is allocated there, outside the graph's pool); restore the snapshot IN PLACE (optimiser and
+method state made by the warm-up is zeroed: the "state exists" path of SGD momentum / Adam then gives the fresh step's values); register
+the noise generator with the graph; capture one step; replay. A resume loads the checkpoint in place, but the
+graph is recaptured anyway (``invalidate``) since the loaded optimiser may have created new state tensors.
+
+Eager fallback, with a one-line reason printed once per reason: a batch of another shape (the short last batch),
+DDP, fp16 (GradScaler.step reads found-inf on the host), a method whose step keeps host-side state
+(``Method.capturable = False``), an optimiser without device lr (torch.optim.SGD / Adam / AdamW are switched to
+``fused`` with a device lr; other optimisers are not), and steps that replay the dropout RNG (SAM's
+``same_noise`` with active dropout: torch.cuda.get_rng_state cannot run inside a capture).
+
+Only the capture itself needs a GPU: ``capture=`` takes any backend with ``capture(fn) -> replay``; the tests run
+the whole protocol on the CPU with a backend that calls ``fn`` on every replay (tests/test_graphed.py).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+FUSED_OPTIMIZERS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
+
+
+def refusal(device: torch.device, ddp: bool = False) -> str | None:
+    """Why ``trainer.cuda_graph=true`` cannot run at all here (one line), or None."""
+    if device.type != "cuda":
+        return (f"trainer.cuda_graph=true captures CUDA graphs and needs a CUDA device (trainer.device resolved to "
+                f"{device.type}); set trainer.cuda_graph=false")
+    return None
+
+
+def step_tensors(method, flatness, backprop) -> dict[str, torch.Tensor]:
+    """Every tensor a training step may write, by a stable name (weights, buffers, optimiser state, the method's,
+    the flatness' and the Backprop's own tensors); gradients excluded."""
+    out = {f"module.{k}": v for k, v in method.module.state_dict(keep_vars=True).items() if torch.is_tensor(v)}
+    for owner, obj in (("method", method), ("flatness", flatness), ("backprop", backprop)):
+        for k, v in vars(obj).items():
+            if torch.is_tensor(v):
+                out[f"{owner}.{k}"] = v
+            elif isinstance(v, (list, tuple)) and v and all(torch.is_tensor(t) for t in v):
+                out.update({f"{owner}.{k}[{i}]": t for i, t in enumerate(v)})
+    for k, entry in getattr(flatness, "_scalars", {}).items():
+        out[f"flatness.scalar.{k}"] = entry[0]
+    opt = method.optimizer
+    index = {id(p): i for i, p in enumerate(p for g in opt.param_groups for p in g["params"])}
+    for p, state in opt.state.items():
+        for k, v in state.items():
+            if torch.is_tensor(v):
+                out[f"opt.{index.get(id(p), id(p))}.{k}"] = v
+    for i, group in enumerate(opt.param_groups):
+        for k, v in group.items():
+            if torch.is_tensor(v):
+                out[f"opt.group{i}.{k}"] = v
+    if backprop.scaler is not None and backprop.scaler._scale is not None:
+        out["scaler.scale"] = backprop.scaler._scale
+    return out
+
+
+def _host_counters(obj) -> dict:
+    return {k: v for k, v in vars(obj).items() if isinstance(v, (bool, int, float)) and not k.startswith("__")}
+
+
+class CudaGraphCapture:
+    """The real backend: warm-up on a side stream, then ``torch.cuda.graph`` capture; ``replay()`` per step."""
+
+    def __init__(self, device: torch.device, generators: list[torch.Generator]):
+        self.device, self.generators = device, generators
+
+    def warm_up(self, fn: Callable[[], object], steps: int = 3) -> None:
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(steps):
+                fn()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+
+    def capture(self, fn: Callable[[], object]):
+        graph = torch.cuda.CUDAGraph()
+        for g in self.generators:  # the default CUDA generator is registered by torch itself
+            graph.register_generator_state(g)
+        with torch.cuda.graph(graph):
+            out = fn()
+        return graph.replay, out
+
+
+class GraphedStep:
+    """Callable in place of ``method.train_step(batch, flatness, backprop)``; see the module docstring."""
+
+    def __init__(self, method, flatness, backprop, capture=None, log: Callable[[str], None] = print,
+                 warm_up_steps: int = 3):
+        self.method, self.flatness, self.backprop = method, flatness, backprop
+        self.warm_up_steps = warm_up_steps
+        self.log = log
+        self._told: set[str] = set()
+        gens = [g for g in {id(g): g for g in (getattr(method, "generator", None), flatness.generator,
+                                               getattr(getattr(method, "ctx", None), "generator", None))
+                            if g is not None}.values()]
+        self.generators = gens
+        self.backend = capture if capture is not None else CudaGraphCapture(backprop.device, [
+            g for g in gens if g.device.type == "cuda"])
+        self.invalidate()
+
+    # ---------------------------------------------------------------- decisions
+    def fallback_reason(self, batch) -> str | None:
+        """Why this step runs eagerly (one line), or None to replay the graph."""
+        m, bp = self.method, self.backprop
+        if bp.ddp is not None:
+            return "DDP (the all-reduce hooks are not captured yet)"
+        if bp.scaler is not None:
+            return "fp16 (GradScaler.step reads found-inf on the host; use bf16)"
+        if not getattr(m, "capturable", True):
+            return f"method={m.name} keeps host-side state in its step"
+        if any(not isinstance(g["lr"], torch.Tensor) for g in m.optimizer.param_groups) and \
+                not isinstance(m.optimizer, FUSED_OPTIMIZERS):
+            return f"{type(m.optimizer).__name__} reads its lr as a host float (no device lr)"
+        replays = getattr(self.flatness, "passes", 1) > 1 or getattr(m, "own_perturbation", False)
+        if replays and any(isinstance(x, nn.modules.dropout._DropoutNd) and x.p > 0 for x in m.module.modules()):
+            return "the second pass's dropout-mask replay (torch.cuda.get_rng_state) is not graph-safe yet"
+        if self.shapes is not None and self._shapes(batch) != self.shapes:
+            return (f"a batch of shape {tuple(batch[0].shape)}, the graph holds {self.shapes[0][0]} "
+                    f"(the short last batch; each other shape would need its own graph)")
+        return None
+
+    @staticmethod
+    def _shapes(batch):
+        return tuple((tuple(t.shape), t.dtype) for t in batch)
+
+    def invalidate(self) -> None:
+        """Forget the graph (a resume, a new ensemble member): the next step captures again."""
+        self.replay = None
+        self.shapes = None
+        self.static_batch = None
+        self.static_out = None
+        self.seen_per_step = 0
+
+    # ---------------------------------------------------------------- the step
+    def __call__(self, batch, flatness=None, backprop=None) -> dict:
+        reason = self.fallback_reason(batch)
+        if reason is not None:
+            if reason not in self._told:
+                self._told.add(reason)
+                self.log(f"trainer.cuda_graph: eager step: {reason}")
+            return self.method.train_step(batch, self.flatness, self.backprop)
+        if self.replay is None:
+            self._capture(batch)
+        with torch.no_grad():
+            torch._foreach_copy_(list(self.static_batch), list(batch))
+        self.replay()
+        m = self.method
+        if not getattr(self.backend, "replays_python", False):
+            m._seen += self.seen_per_step  # the host-side example count the graph cannot advance
+        if m.scheduler is not None:
+            m.scheduler.step()
+        # a copy: the trainer keeps several steps' losses before reading them, and the graph rewrites its output
+        return {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in self.static_out.items()}
+
+    def _core(self) -> dict:
+        """One step without the scheduler (it runs outside the graph, after each replay)."""
+        m = self.method
+        scheduler, m.scheduler = m.scheduler, None
+        try:
+            return m.train_step(self.static_batch, self.flatness, self.backprop)
+        finally:
+            m.scheduler = scheduler
+
+    def _capture(self, batch) -> None:
+        m = self.method
+        self._device_lr()
+        self.static_batch = tuple(t.detach().clone() for t in batch)
+        self.shapes = self._shapes(batch)
+        # snapshot, warm up, restore in place
+        before = {k: v.detach().clone() for k, v in step_tensors(m, self.flatness, self.backprop).items()}
+        rng = self._rng_state()
+        counters = (_host_counters(m), _host_counters(self.flatness))
+        warm = getattr(self.backend, "warm_up", None)
+        if warm is not None:
+            warm(self._core, self.warm_up_steps)
+        self._restore(before, rng, counters)
+        seen = m._seen
+        self.replay, self.static_out = self.backend.capture(self._core)
+        self.seen_per_step = m._seen - seen
+        # the capture did not step (CUDA records the kernels without running them) but its Python did count; a
+        # backend that does run the step (the CPU tests) also moved the tensors: either way back to the snapshot,
+        # so that the first replay is the first step
+        if getattr(self.backend, "replays_python", False):
+            self._restore(before, rng, counters)
+        else:
+            self._restore_counters(counters)
+
+    def _restore(self, before: dict, rng: dict, counters) -> None:
+        with torch.no_grad():
+            for k, v in step_tensors(self.method, self.flatness, self.backprop).items():
+                if k in before:
+                    v.copy_(before[k])
+                elif k.startswith(("opt.", "method.")):  # made by the warm-up (optimiser moments, step counts, the
+                    v.zero_()  # accuracy count moved to the device): the fresh state is zeros
+                # else: a work buffer or device copy of a host value (SAM's weight copy, the BatchNorm snapshot, the
+                # radius): rewritten or still right, and zeroing the radius would silently turn SAM off
+        self._set_rng_state(rng)
+        self._restore_counters(counters)
+
+    def _restore_counters(self, counters) -> None:
+        for obj, saved in zip((self.method, self.flatness), counters):
+            for k, v in saved.items():
+                setattr(obj, k, v)
+
+    def _rng_state(self) -> dict:
+        state = {"torch": torch.get_rng_state(), "gens": [g.get_state() for g in self.generators]}
+        if self.backprop.device.type == "cuda":
+            state["cuda"] = torch.cuda.get_rng_state(self.backprop.device)
+        return state
+
+    def _set_rng_state(self, state: dict) -> None:
+        torch.set_rng_state(state["torch"])
+        for g, s in zip(self.generators, state["gens"]):
+            g.set_state(s)
+        if "cuda" in state:
+            torch.cuda.set_rng_state(state["cuda"], self.backprop.device)
+
+    def _device_lr(self) -> None:
+        """torch.optim.SGD / Adam / AdamW: lr as a device tensor and the fused kernels, which read it on the device
+        (the scheduler then fills it in place); on the CPU test backend nothing changes."""
+        opt, device = self.method.optimizer, self.backprop.device
+        if device.type != "cuda" or not isinstance(opt, FUSED_OPTIMIZERS):
+            return
+        for group in opt.param_groups:
+            if not torch.is_tensor(group["lr"]):
+                group["lr"] = torch.tensor(float(group["lr"]), device=device)
+            group["fused"], group["foreach"] = True, False
+            if "capturable" in group:
+                group["capturable"] = True

@@ -19,29 +19,7 @@ from flatbnn.methods.bsam import BSAM
 CPU = torch.device("cpu")
 
 
-class DirectCalls:
-    """A capture backend that runs the step on each replay (what a CUDA graph replays, minus the speed)."""
-
-    replays_python = True  # the step's host counters advance on each replay (a CUDA graph's do not)
-
-    def __init__(self):
-        self.warm_ups = 0
-
-    def warm_up(self, fn, steps):
-        for _ in range(steps):
-            fn()
-            self.warm_ups += 1
-
-    def capture(self, fn):
-        static = fn()
-
-        def replay():
-            new = fn()
-            with torch.no_grad():
-                for k, v in static.items():
-                    if torch.is_tensor(v):
-                        v.copy_(new[k])
-        return replay, static
+DirectCalls = graphed.EagerReplay  # the capture replaced by direct calls
 
 
 def _setup(method, flatness, opt="sgd", precision="fp32"):

@@ -96,6 +96,33 @@ class CudaGraphCapture:
         return graph.replay, out
 
 
+class EagerReplay:
+    """A stand-in backend without CUDA: ``replay()`` runs the step again in Python and copies its outputs into the
+    static ones, as a graph rewrites its output tensors. The whole protocol around the capture runs as on a GPU
+    (tests/test_graphed.py; ``scripts/gpu_probe.py --dry-run``); it is not faster than eager."""
+
+    replays_python = True  # the step's host counters advance on each replay (a CUDA graph's do not)
+
+    def __init__(self):
+        self.warm_ups = 0
+
+    def warm_up(self, fn: Callable[[], object], steps: int = 3) -> None:
+        for _ in range(steps):
+            fn()
+            self.warm_ups += 1
+
+    def capture(self, fn: Callable[[], dict]):
+        static = fn()
+
+        def replay():
+            new = fn()
+            with torch.no_grad():
+                for k, v in static.items():
+                    if torch.is_tensor(v):
+                        v.copy_(new[k])
+        return replay, static
+
+
 class GraphedStep:
     """Callable in place of ``method.train_step(batch, flatness, backprop)``; see the module docstring."""
 

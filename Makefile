@@ -33,12 +33,12 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q $(PYTEST_PAR) -m "not slow"
 
-# images/s of method x flatness side by side (interleaved rounds) -> results/bench/<device>-<date>.json + .md;
+# images/s of method x flatness side by side (interleaved rounds; each pair also through trainer.cuda_graph: <pair>:graphed) -> results/bench/<device>-<date>.json + .md;
 #   make bench BENCH_ARGS="--precision bf16 --channels-last --model wrn28x10 --reference"   (on a GPU)
 #   make bench-smoke     tiny model, 2 steps: the pipeline in seconds (writes to outputs/bench-smoke)
 BENCH_ARGS ?=
 bench: setup
-	$(PY) scripts/benchmark.py $(BENCH_ARGS)
+	$(PY) scripts/benchmark.py --graphed $(BENCH_ARGS)
 
 bench-smoke: setup
 	$(PY) scripts/benchmark.py --smoke --reference --out outputs/bench-smoke $(BENCH_ARGS)

@@ -152,7 +152,7 @@ def _data(args, shape, device):
     return x, torch.randint(0, 10, (args.batch_size,), device=device)
 
 
-def build(method_name: str, flat_name: str, args, device):
+def build(method_name: str, flat_name: str, args, device, graph: bool = False):
     """A closure running one training step of the pair, plus the method (for SWAG's collect)."""
     if method_name not in METHODS or flat_name not in FLATNESS:
         raise BadInput(f"unknown pair {method_name}+{flat_name}: methods {sorted(METHODS)}, "
@@ -175,9 +175,18 @@ def build(method_name: str, flat_name: str, args, device):
     bp = Backprop(module, device, precision=args.precision)
     x, y = _data(args, shape, device)
     method.train()
+    step = (lambda: method.train_step((x, y), flat, bp))
+    if graph:  # trainer.cuda_graph's GraphedStep (on a CPU: the protocol through EagerReplay, not a speed number)
+        from flatbnn.engine.graphed import EagerReplay, GraphedStep
+        graphed = GraphedStep(method, flat, bp, capture=None if device.type == "cuda" else EagerReplay(),
+                              log=lambda line: None)
+        reason = graphed.fallback_reason((x, y))
+        if reason is not None:
+            raise ValueError(f"eager fallback: {reason}")
+        step = (lambda: graphed((x, y)))
     for _ in range(args.warmup):
-        method.train_step((x, y), flat, bp)
-    return (lambda: method.train_step((x, y), flat, bp)), method
+        step()
+    return step, method
 
 
 def build_reference(name: str, args, device):
@@ -345,6 +354,8 @@ def parse_args(argv=None):
                     help="also time a K-sample bSAM predictive over one batch (0 = off)")
     ap.add_argument("--eval-chunk", type=int, default=8,
                     help="weight samples per vmapped forward for that predictive, beside the one-by-one loop")
+    ap.add_argument("--graphed", action="store_true",
+                    help="also time each pair through trainer.cuda_graph's GraphedStep (rows <pair>:graphed)")
     ap.add_argument("--smoke", action="store_true", help="tiny model, 2 steps: the whole pipeline in seconds")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--label", default=None, help="what these numbers are (default: device and 'smoke')")
@@ -383,14 +394,18 @@ def main(argv=None) -> dict:
         if pair.count("+") != 1:
             raise BadInput(f"--configs: {pair!r} is not method+flatness (e.g. map+sam)")
         m, f = pair.split("+")
-        try:
-            steps[pair], methods[pair] = build(m, f, args, device)
-            kinds[pair] = "step"
-        except BadInput:
-            raise
-        except (TypeError, ValueError) as e:  # e.g. mc_dropout on a backbone without dropout
-            skipped[pair] = str(e).splitlines()[0]
-            print(f"skipping {pair}: {e}", file=sys.stderr)
+        for graph in (False, True) if args.graphed else (False,):
+            name = f"{pair}:graphed" if graph else pair
+            try:
+                steps[name], method = build(m, f, args, device, graph=graph)
+                kinds[name] = "step"
+                if not graph:
+                    methods[pair] = method
+            except BadInput:
+                raise
+            except (TypeError, ValueError) as e:  # e.g. mc_dropout on a backbone without dropout
+                skipped[name] = str(e).splitlines()[0]
+                print(f"skipping {name}: {e}", file=sys.stderr)
     if args.reference:
         if "swag+none" in methods:
             steps["collect:swag"], steps["sample:swag"] = build_swag_parts(methods["swag+none"], device)
@@ -436,10 +451,13 @@ def main(argv=None) -> dict:
                      "batch_size": args.batch_size, "steps": args.steps, "warmup": args.warmup,
                      "repeats": args.repeats, "precision": args.precision, "channels_last": args.channels_last,
                      "compile": args.compile, "smoke": args.smoke, "reference": args.reference,
+                     "graphed": args.graphed,
                      "swag_collect": "every step (worst case)", "configs": pairs,
                      "eval_samples": args.eval_samples, "eval_chunk": args.eval_chunk},
         "rows": rows,
-        "ratios": {**ratios(rows, RATIOS), **ratios(rows, REFERENCE_RATIOS), **ratios(rows, [
+        "ratios": {**ratios(rows, RATIOS), **ratios(rows, REFERENCE_RATIOS),
+                   **ratios(rows, [(f"{p} graphed/eager", f"{p}:graphed", p, 1.0) for p in pairs
+                                   if f"{p}:graphed" in rows]), **ratios(rows, [
             (f"predictive chunk{args.eval_chunk}/chunk1", f"predict:k{args.eval_samples}:chunk{args.eval_chunk}",
              f"predict:k{args.eval_samples}:chunk1", 1.0)] if args.eval_samples and args.eval_chunk > 1 else [])},
         "skipped": skipped,

@@ -207,3 +207,15 @@ def test_reference_bsam_loop_equals_our_bsam_after_3_steps():
     for a, b in zip(method.optimizer.precisions(), rb.precision):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(ours[1].running_mean, ref[1].running_mean, rtol=1e-5, atol=1e-6)
+
+
+def test_graphed_rows_come_with_their_ratio_and_fallback_reasons(tmp_path):
+    """make bench --graphed: each pair also through trainer.cuda_graph's GraphedStep (on the CPU via EagerReplay:
+    the pipeline, not a speed number); a pair that cannot be graphed yet is skipped with its one-line reason."""
+    bench = _benchmark()
+    out = tmp_path / "g.json"
+    res = bench.main(["--smoke", "--graphed", "--configs", "map+sam,bsam+none", "--repeats", "1", "--json", str(out)])
+    assert "map+sam:graphed" in res["rows"] and res["rows"]["map+sam:graphed"]["images_per_s"] > 0
+    assert "map+sam graphed/eager" in res["ratios"]
+    assert res["skipped"] == {"bsam+none:graphed": "eager fallback: BSAMOptimizer reads its lr as a host float "
+                                                   "(no device lr)"}

@@ -95,7 +95,10 @@ def test_compiled_frn_forward_uses_maximum_without_graph_breaks():
     """torch.compile(fullgraph=True, aot_eager) of a vmapped FRN gradient: no break at the TLU, eager values."""
     from torch.func import functional_call, grad, vmap
 
-    net = ResNetFRN(num_classes=3, in_channels=1, depth=8, width=2)
+    from flatbnn.models.resnet_frn import FilterResponseNorm2d
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 2, 3), FilterResponseNorm2d(2), nn.Flatten(), nn.Linear(32, 3))
     params = {k: v.detach() for k, v in net.named_parameters()}
     x = torch.randn(2, 3, 1, 6, 6)
 

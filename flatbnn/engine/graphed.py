@@ -91,7 +91,8 @@ class CudaGraphCapture:
         graph = torch.cuda.CUDAGraph()
         for g in self.generators:  # the default CUDA generator is registered by torch itself
             graph.register_generator_state(g)
-        with torch.cuda.graph(graph):
+        # thread_local: the loader's pin-memory thread may call CUDA while this thread captures
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             out = fn()
         return graph.replay, out
 

@@ -117,7 +117,8 @@ def _written_tensors(b) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("method,flat", [("map", "sam"), ("map", "m8"), ("sgvb", "sam"), ("bsam", "m8"),
                                          ("vsam", "none"), ("rsam", "none"), ("vogn", "none"), ("sgld", "none"),
-                                         ("swag", "sam")])
+                                         ("swag", "sam"), ("mc_dropout", "sam"), ("hwa", "none"),
+                                         ("deep_ens", "none")])
 def test_no_tensor_the_step_writes_is_rebound(method, flat, tmp_path):
     b = _built(method, flat, "fp32", tmp_path)
     batch = _batch(b)

@@ -211,3 +211,22 @@ class OldBSAM(BSAM):
         if self.scheduler is not None:
             self.scheduler.step()
         return {"loss": loss_sum}
+
+
+@torch.no_grad()
+def old_precision_step(opt, curvature):
+    """PrecisionOptimizer.step per tensor (BSAMOptimizer / VOGNOptimizer), as before the foreach form."""
+    from flatbnn.optim.bsam import BSAMOptimizer
+
+    for (p, group), h in zip(opt._groups(), list(curvature), strict=True):
+        state = opt._init_state(p, group)
+        delta = opt.delta(group)
+        m, s = state["momentum"], state["precision"]
+        g = p.grad if p.grad is not None else torch.zeros_like(p)
+        m.mul_(group["betas"][0]).add_(g + delta * p, alpha=1.0 - group["betas"][0])
+        if isinstance(opt, BSAMOptimizer):
+            p.addcdiv_(m, s, value=-group["lr"])
+            s.mul_(group["betas"][1]).add_(h + (group["damping"] + delta), alpha=1.0 - group["betas"][1])
+        else:
+            s.mul_(group["betas"][1]).add_(h, alpha=1.0 - group["betas"][1])
+            p.addcdiv_(m, s + (delta + group["damping"]), value=-group["lr"])

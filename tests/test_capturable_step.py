@@ -181,3 +181,30 @@ def test_flat_perturbation_matches_per_tensor_in_float64_with_a_mask():
     bad = [g.clone() for g in grads]
     bad[1][0] = float("inf")
     assert all(torch.equal(e, torch.zeros_like(e)) for e in SAM(rho=0.3).perturbation(params, bad))
+
+
+@pytest.mark.parametrize("name", ["bsam", "vogn"])
+def test_precision_optimisers_foreach_step_gives_the_per_tensor_bits(name):
+    """bSAM / VOGN update in foreach form (a few launches per group instead of several per tensor): the frozen
+    per-tensor step's bits, over two parameter groups, a parameter without a gradient, 3 steps."""
+    from flatbnn.optim.bsam import BSAMOptimizer
+    from flatbnn.optim.vogn import VOGNOptimizer
+
+    def run(step):
+        g = torch.Generator().manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(3, 4, generator=g)), torch.nn.Parameter(torch.randn(5, generator=g)),
+                  torch.nn.Parameter(torch.randn(2, 2, generator=g))]
+        groups = [{"params": params[:2]}, {"params": params[2:], "lr": 0.03}]
+        opt = (BSAMOptimizer(groups, lr=0.1, rho=0.01, prior_precision=2.0, n_data=50.0) if name == "bsam" else
+               VOGNOptimizer(groups, lr=0.1, prior_precision=2.0, n_data=50.0, damping=1e-3))
+        for k in range(3):
+            for i, p in enumerate(params):
+                p.grad = None if (i == 1 and k == 0) else torch.randn(p.shape, generator=g)
+            curvature = [torch.rand(p.shape, generator=g) for p in params]
+            step(opt, curvature)
+        return [p.detach().clone() for p in params] + [t.clone() for st in opt.state.values() for t in st.values()]
+
+    new = run(lambda opt, h: opt.step(curvature=h))
+    ref = run(old.old_precision_step)
+    assert len(new) == len(ref) == 9
+    assert all(torch.equal(a, b) for a, b in zip(new, ref))

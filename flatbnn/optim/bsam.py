@@ -66,6 +66,7 @@ class BSAMOptimizer(PrecisionOptimizer):
         return s  # noise and predictive: N(w, 1 / (N s))
 
     # ---------------------------------------------------------------- the update (after the momentum)
-    def _update(self, p, m, s, h, group, delta) -> None:
-        p.addcdiv_(m, s, value=-group["lr"])           # old s
-        s.mul_(group["betas"][1]).add_(h + (group["damping"] + delta), alpha=1.0 - group["betas"][1])
+    def _update(self, params, ms, ss, hs, group, delta) -> None:
+        torch._foreach_addcdiv_(params, ms, ss, -group["lr"])  # old s
+        torch._foreach_mul_(ss, group["betas"][1])
+        torch._foreach_add_(ss, torch._foreach_add(hs, group["damping"] + delta), alpha=1.0 - group["betas"][1])

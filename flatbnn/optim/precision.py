@@ -44,21 +44,35 @@ class PrecisionOptimizer(Optimizer):
     def step(self, closure=None, curvature=None):
         """``p.grad`` = the averaged gradient g; ``curvature`` = the averaged h, aligned with ``params()``.
 
-        m <- beta1 m + (1 - beta1) (g + delta w), then the subclass's ``_update`` (w and s, in its order)."""
+        m <- beta1 m + (1 - beta1) (g + delta w), then the subclass's ``_update`` (w and s, in its order). Multi-tensor
+        (foreach) ops per parameter group: the per-tensor operations in the same order, so the same values, in a
+        few kernel launches instead of several per weight tensor."""
         if closure is not None:
             raise ValueError(self.closure_error)
         if curvature is None:
             raise ValueError(self.curvature_error)
-        for (p, group), h in zip(self._groups(), list(curvature), strict=True):
-            state = self._init_state(p, group)
+        curvature = list(curvature)
+        if len(curvature) != len(self.params()):
+            raise ValueError(f"{self.curvature_error} (got {len(curvature)} tensors for {len(self.params())})")
+        start = 0
+        for group in self.param_groups:
+            params = group["params"]
+            if not params:
+                continue
+            hs = curvature[start:start + len(params)]
+            start += len(params)
+            states = [self._init_state(p, group) for p in params]
+            ms, ss = [st["momentum"] for st in states], [st["precision"] for st in states]
             delta = self.delta(group)
-            m = state["momentum"]
-            g = p.grad if p.grad is not None else torch.zeros_like(p)
-            m.mul_(group["betas"][0]).add_(g + delta * p, alpha=1.0 - group["betas"][0])
-            self._update(p, m, state["precision"], h, group, delta)
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            g_prior = torch._foreach_add(grads, torch._foreach_mul(params, delta))  # g + delta * w
+            torch._foreach_mul_(ms, group["betas"][0])
+            torch._foreach_add_(ms, g_prior, alpha=1.0 - group["betas"][0])
+            self._update(params, ms, ss, hs, group, delta)
         return None
 
-    def _update(self, p, m, s, h, group, delta) -> None:
+    def _update(self, params, ms, ss, hs, group, delta) -> None:
+        """One group's weight and precision update, on lists (foreach ops)."""
         raise NotImplementedError
 
     def precisions(self) -> list[torch.Tensor]:

@@ -18,6 +18,8 @@ w~ and hands this optimiser g_hat = mean_i g_i (in ``p.grad``) and h_hat = mean_
 
 from __future__ import annotations
 
+import torch
+
 from flatbnn.optim.precision import PrecisionOptimizer
 
 
@@ -44,7 +46,8 @@ class VOGNOptimizer(PrecisionOptimizer):
     def posterior_precision(self, s, group):
         return s + self.delta(group)  # sigma^2 = 1 / (N (s + delta))
 
-    def _update(self, p, m, s, h, group, delta) -> None:
-        """``p.grad`` = g_hat (mean per-example gradient); ``h`` = h_hat (mean of g_i^2)."""
-        s.mul_(group["betas"][1]).add_(h, alpha=1.0 - group["betas"][1])
-        p.addcdiv_(m, s + (delta + group["damping"]), value=-group["lr"])  # new s
+    def _update(self, params, ms, ss, hs, group, delta) -> None:
+        """``p.grad`` = g_hat (mean per-example gradient); ``hs`` = h_hat (mean of g_i^2)."""
+        torch._foreach_mul_(ss, group["betas"][1])
+        torch._foreach_add_(ss, list(hs), alpha=1.0 - group["betas"][1])
+        torch._foreach_addcdiv_(params, ms, torch._foreach_add(ss, delta + group["damping"]), -group["lr"])  # new s

@@ -1,0 +1,131 @@
+"""scripts/campaign.py: a budget that interrupts a cell, the archive that carries it to a fresh machine, and the
+resumed run that ends with the uninterrupted run's metrics and config (flatbnn/reproduce/campaign.py); the
+throughput table the queue and the dry runs read (flatbnn/reproduce/cost.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flatbnn.reproduce import archive, campaign, cost, launch, spec
+from flatbnn.reproduce.aggregate import config_key
+
+BASE = ["dataset=digits", "model=mlp", "trainer.progress=false", "trainer.reliability_diagram=false",
+        "trainer.batch_size=64", "trainer.limit_train_batches=2", "trainer.checkpoint_every=0"]
+LONG_EPOCHS = 30
+
+
+def _row(rows_dir: Path) -> None:
+    """Two digits/MLP cells at 'paper' scale: a 1-epoch one (cheaper: queued first) and a long one."""
+    (rows_dir / "tiny.yaml").write_text(yaml.safe_dump(
+        {"row": "tiny", "paper": "none", "title": "tiny", "kind": "train", "axes": ["method"], "base": BASE,
+         "values": {"method": {"short": ["trainer.epochs=1"], "long": [f"trainer.epochs={LONG_EPOCHS}"]}},
+         "seeds": [0], "scales": {"paper": {"overrides": []}, "smoke": {"overrides": []}}}))
+
+
+def _clock_stopping_when(cond):
+    """A monotonic clock that jumps past any deadline once ``cond()`` holds: the budget runs out at a known point
+    of the run (after the short cell finished and the long one trained an epoch) on a loaded 2-core machine too."""
+    def clock():
+        return time.monotonic() + (1e9 if cond() else 0.0)
+    return clock
+
+
+def test_budget_interrupts_a_cell_and_the_archive_finishes_it_elsewhere_with_the_uninterrupted_metrics(
+        tmp_path, monkeypatch):
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    monkeypatch.setattr(launch, "OUTPUT_ROOT", tmp_path / "unused")
+    monkeypatch.setattr(archive, "ARCHIVE_ROOT", tmp_path / "unused_records")
+    monkeypatch.setattr(cost, "RECORDS_ROOT", tmp_path / "no_records")
+    _row(rows_dir)
+    out1, res1 = tmp_path / "m1" / "outputs", tmp_path / "m1" / "results"
+    p = campaign.plan(["tiny"], device="cpu", out_root=out1, results_root=res1)
+    assert [j.name for j in p.jobs] == ["tiny/short/seed0", "tiny/long/seed0"]   # cheapest first
+    long_run = p.jobs[1].run
+    stop = _clock_stopping_when(lambda: (p.jobs[0].run / "results.json").exists() and
+                                (long_run / "metrics.jsonl").is_file() and
+                                len((long_run / "metrics.jsonl").read_text().splitlines()) >= 1)
+    r = campaign.run(p, budget_s=3600, procs=1, margin_s=30, results_root=res1, poll_s=0.05, clock=stop)
+    assert r["finished"] == ["tiny/short/seed0"] and r["interrupted"] == ["tiny/long/seed0"] and r["stopped"]
+    assert not (long_run / "results.json").exists() and (long_run / "checkpoints" / "last.pt").is_file()
+    done_epochs = len((long_run / "metrics.jsonl").read_text().splitlines())
+    assert 1 <= done_epochs < LONG_EPOCHS
+    rec = archive.record_dir(res1, "tiny", "paper", "short", 0)
+    assert "torch" in json.loads((rec / "record.json").read_text())["trained_on"]  # device, torch, commit
+    tgz = tmp_path / "chain.tgz"
+    a = campaign.write_archive(tgz, p.jobs, [spec.load_row("tiny")], results_root=res1)
+    assert a["runs"] == ["tiny/long/seed0"] and not a["left_out"] and a["bytes"] < 16 * 2**20
+
+    # a fresh machine: nothing but the archive
+    out2, res2 = tmp_path / "m2" / "outputs", tmp_path / "m2" / "results"
+    assert campaign.restore(tgz, out_root=out2, results_root=res2) == [str(out2 / "tiny" / "paper" / "long" / "seed0")]
+    p2 = campaign.plan(["tiny"], device="cpu", out_root=out2, results_root=res2)
+    assert p2.done == ["tiny/short/seed0"] and [j.name for j in p2.jobs] == ["tiny/long/seed0"]  # the record counts
+    r2 = campaign.run(p2, budget_s=3600, procs=1, margin_s=30, results_root=res2, poll_s=0.05)
+    assert r2["finished"] == ["tiny/long/seed0"] and not r2["interrupted"] and not r2["failed"]
+    log = (out2 / "tiny" / "paper" / ".campaign" / "long__s0.log").read_text()
+    assert "resum" in log.lower(), log[-2000:]   # it continued from the checkpoint, not from scratch
+
+    # the uninterrupted reference: what `scripts/reproduce.py run tiny --scale paper` does
+    ref = tmp_path / "ref"
+    s = launch.launch(spec.load_row("tiny"), "paper", out=ref)
+    assert s["returncode"] == 0
+    for cell, run in [("short", archive.record_dir(res2, "tiny", "paper", "short", 0)),
+                      ("long", out2 / "tiny" / "paper" / "long" / "seed0")]:
+        got, want = (json.loads((d / "results.json").read_text()) for d in (run, ref / cell / "seed0"))
+        untimed = [{k: v for k, v in r["metrics"].items() if not k.endswith("_seconds")} for r in (got, want)]
+        assert untimed[0] == untimed[1] and "accuracy" in untimed[0], cell
+        # the same composed config as the launcher's (scheduling changed, no hyperparameter)
+        cfg_got, cfg_want = (yaml.safe_load((d / "config_resolved.yaml").read_text()) for d in (run, ref / cell / "seed0"))
+        assert config_key(cfg_got) == config_key(cfg_want), cell
+        assert cfg_got["trainer"]["epochs"] == (1 if cell == "short" else LONG_EPOCHS)
+
+
+def test_archive_leaves_out_what_does_not_fit_and_restore_refuses_foreign_members(tmp_path, monkeypatch):
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    _row(rows_dir)
+    row = spec.load_row("tiny")
+    out = tmp_path / "outputs"
+    jobs = [campaign.Job(row, c, 0, None, out / "tiny" / "paper", []) for c in row.cells_for("paper")]
+    for j in jobs:       # random bytes: a checkpoint does not compress either
+        size = {"short": 200_000, "long": 3_000_000}[j.cell.id]
+        (j.run / "checkpoints").mkdir(parents=True)
+        (j.run / "checkpoints" / "last.pt").write_bytes(os.urandom(size))
+    (tmp_path / "results" / "tiny").mkdir(parents=True)
+    (tmp_path / "results" / "tiny" / "paper.md").write_text("# table\n")
+    tgz = tmp_path / "a.tgz"
+    a = campaign.write_archive(tgz, jobs, [row], limit_mb=1, results_root=tmp_path / "results")
+    assert a["runs"] == ["tiny/short/seed0"] and list(a["left_out"]) == ["tiny/long/seed0"]
+    assert "does not fit the 1 MB archive" in a["left_out"]["tiny/long/seed0"] and tgz.stat().st_size <= 2**20
+    with tarfile.open(tgz) as t:
+        assert "results/tiny/paper.md" in t.getnames()
+    evil = tmp_path / "evil.tgz"
+    with tarfile.open(evil, "w:gz") as t:
+        t.add(tmp_path / "results" / "tiny" / "paper.md", arcname="runs/../../etc/x")
+    with pytest.raises(spec.SpecError, match="not a campaign archive"):
+        campaign.restore(evil, out_root=tmp_path / "o", results_root=tmp_path / "r")
+
+
+def test_a_run_record_is_a_measured_rate_and_an_unmatched_config_is_assumed(tmp_path):
+    run = tmp_path / "records" / "row" / "cpu" / "runs" / "a" / "seed0"
+    run.mkdir(parents=True)
+    cfg = {"model": {"name": "mlp"}, "method": {"_target_": "flatbnn.methods.MAP"},
+           "flatness": {"_target_": "flatbnn.flatness.SAM", "m": None}, "trainer": {"precision": "fp32"}}
+    (run / "config_resolved.yaml").write_text(yaml.safe_dump(cfg))
+    (run / "results.json").write_text(json.dumps({"meta": {
+        "budget": {"train_size": 1000, "epochs": 4}, "train_seconds": 8.0,
+        "hardware": {"device": "cpu", "cpu_count": 2}}}))
+    rates = cost.measured_rates(tmp_path / "no_bench", tmp_path / "records")
+    [r] = rates[("cpu", cost.work_key(cfg))]
+    assert r.measured and r.images_per_s == pytest.approx(500.0)   # 1000 images x 4 epochs / 8 s
+    assert ("nvidia-h200", cost.work_key(cfg)) not in rates          # a CPU record says nothing about a GPU

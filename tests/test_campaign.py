@@ -129,3 +129,37 @@ def test_a_run_record_is_a_measured_rate_and_an_unmatched_config_is_assumed(tmp_
     [r] = rates[("cpu", cost.work_key(cfg))]
     assert r.measured and r.images_per_s == pytest.approx(500.0)   # 1000 images x 4 epochs / 8 s
     assert ("nvidia-h200", cost.work_key(cfg)) not in rates          # a CPU record says nothing about a GPU
+
+
+def test_a_paper_cell_gets_its_verdict_when_all_its_seeds_are_in_and_the_board_counts_it(tmp_path, monkeypatch):
+    from test_reproduce import _fake_run
+
+    from flatbnn.reproduce import compare, status
+
+    row = spec.load_row("flatbnn_t2")
+    out = tmp_path / "out"
+    for s in range(3):  # paper: F-SWAG WRN-28-10 acc 97.09 ± 0.14 -> ours within; SWAG all seeds far below: outside
+        _fake_run(out, "wrn28x10/f_swag", s, 0.9709 + 0.0001 * s, 0.0883, ece=0.0036)
+        _fake_run(out, "wrn28x10/swag", s, 0.90, 0.30, ece=0.05)
+    _fake_run(out, "preresnet164/swag", 0, 0.96, 0.12)  # 1 of 3 seeds: no verdict yet
+    c = compare.build(row, "paper", out)
+    rec = {(r["cell"], r["metric"]): r for r in c["table"]}
+    assert rec[("wrn28x10/f_swag", "accuracy")]["verdict"] == "within"
+    assert rec[("wrn28x10/f_swag", "accuracy")]["verdict_seeds"] == 3
+    assert "verdict" not in rec[("preresnet164/swag", "accuracy")]  # 1/3 seeds
+    pr = compare.paper_progress(c)
+    assert (pr["cells"], pr["done"], pr["within"], pr["outside"]) == (20, 2, 1, 1)
+    assert compare.progress_sentence(pr) == "2/20 cells done: 1 within the paper's spread, 1 outside"
+    md = compare.to_markdown(c)
+    assert "within (3 seeds)" in md and "**Progress: 2/20 cells done" in md
+    monkeypatch.setattr(status, "RESULTS_ROOT", tmp_path / "results")
+    (tmp_path / "results" / "flatbnn_t2").mkdir(parents=True)
+    (tmp_path / "results" / "flatbnn_t2" / "paper.json").write_text(json.dumps(c))
+    (tmp_path / "results" / "bsam_t6").mkdir(parents=True)
+    (tmp_path / "results" / "bsam_t6" / "cpu.json").write_text(json.dumps(
+        {"jobs": {"a": {"0": "done"}}, "budget": {"commits": ["abc"], "train_hours": 1.081}}))
+    text = status.render()
+    assert "**Paper scale: 2 of " in text and "in 1 rows; 1 within the paper's spread, 1 outside**" in text
+    line = next(x for x in text.splitlines() if x.startswith("| `flatbnn_t2`"))
+    assert line.rstrip(" |").endswith("2/20 cells done: 1 within the paper's spread, 1 outside @ abcdef12")
+    assert "1.08 CPU-h of training" in next(x for x in text.splitlines() if x.startswith("| `bsam_t6`"))

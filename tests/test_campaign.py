@@ -21,12 +21,12 @@ BASE = ["dataset=digits", "model=mlp", "trainer.progress=false", "trainer.reliab
 LONG_EPOCHS = 30
 
 
-def _row(rows_dir: Path) -> None:
-    """Two digits/MLP cells at 'paper' scale: a 1-epoch one (cheaper: queued first) and a long one."""
+def _row(rows_dir: Path, scale: str = "paper") -> None:
+    """Two digits/MLP cells at ``scale``: a 1-epoch one (cheaper: queued first) and a long one."""
     (rows_dir / "tiny.yaml").write_text(yaml.safe_dump(
         {"row": "tiny", "paper": "none", "title": "tiny", "kind": "train", "axes": ["method"], "base": BASE,
          "values": {"method": {"short": ["trainer.epochs=1"], "long": [f"trainer.epochs={LONG_EPOCHS}"]}},
-         "seeds": [0], "scales": {"paper": {"overrides": []}, "smoke": {"overrides": []}}}))
+         "seeds": [0], "scales": {scale: {"overrides": []}, "smoke": {"overrides": []}}}))
 
 
 def _clock_stopping_when(cond):
@@ -163,3 +163,43 @@ def test_a_paper_cell_gets_its_verdict_when_all_its_seeds_are_in_and_the_board_c
     line = next(x for x in text.splitlines() if x.startswith("| `flatbnn_t2`"))
     assert line.rstrip(" |").endswith("2/20 cells done: 1 within the paper's spread, 1 outside @ abcdef12")
     assert "1.08 CPU-h of training" in next(x for x in text.splitlines() if x.startswith("| `bsam_t6`"))
+
+
+def test_dry_runs_estimate_each_job_measured_where_a_record_matches_else_assumed(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from helpers import REPO
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import campaign as campaign_cli
+    import reproduce as reproduce_cli
+
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    monkeypatch.setattr(launch, "OUTPUT_ROOT", tmp_path / "outputs")
+    monkeypatch.setattr(archive, "ARCHIVE_ROOT", tmp_path / "records")
+    monkeypatch.setattr(cost, "RECORDS_ROOT", tmp_path / "records")
+    _row(rows_dir, "cpu")
+    # a finished cpu run of the long cell on this kind of machine: 2 batches x 64 images x 30 epochs in 3 s
+    run = archive.record_dir(tmp_path / "records", "tiny", "cpu", "long", 1)
+    run.mkdir(parents=True)
+    cfg = launch.compose_cell(next(c.overrides for c in spec.load_row("tiny").cells_for("cpu") if c.id == "long"))
+    from omegaconf import OmegaConf
+    (run / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg))
+    (run / "results.json").write_text(json.dumps({"meta": {"budget": {"train_size": 128, "epochs": 30},
+                                                           "train_seconds": 3.0, "hardware": {"device": "cpu"}}}))
+    assert reproduce_cli.main(["run", "tiny", "--scale", "cpu", "--dry-run", "--estimate-on", "cpu"]) == 0
+    err = capsys.readouterr().err
+    long_line = next(x for x in err.splitlines() if x.strip().startswith("long/seed0:"))
+    # 1,280 images/s measured; digits: (1,437 train images x 30 epochs + 360 test images / 3) / 1,280 = 33.8 s
+    assert long_line.strip() == "long/seed0: ~34 s (measured: cpu run tiny/cpu/runs/long/seed1)"
+    assert "short/seed0: ~1 s (measured: " in err  # the same network, method and flatness: the same rate
+    assert "2 jobs: ~35 s of training on cpu one after another (2 at a measured rate, 0 assumed" in err
+    assert reproduce_cli.main(["run", "tiny", "--scale", "cpu", "--dry-run", "--estimate-on", "nvidia-h200"]) == 0
+    assert "(0 at a measured rate, 2 assumed" in capsys.readouterr().err   # a CPU run says nothing about a GPU
+    # the campaign's dry run (paper scale) lists its queue the same way
+    _row(rows_dir, "paper")
+    assert campaign_cli.main(["--rows", "tiny", "--minutes", "10", "--dry-run", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "2 jobs queued" in out and "tiny/short/seed0: ~" in out and "tiny/long/seed0: ~" in out

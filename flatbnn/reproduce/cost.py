@@ -254,9 +254,13 @@ def _measured_rates(bench_dir: Path, records_root: Path) -> dict[tuple, list[Rat
         images = float(b["train_size"]) * float(b["epochs"]) * members
         where = res.parent.relative_to(records_root) if res.is_relative_to(records_root) else res.parent
         rates.setdefault((device_slug(hw.get("gpu") if hw.get("device") == "cuda" else "cpu"), work_key(cfg)),
-                         []).append(Rate(images / secs, f"measured: {hw.get('cpu_count')}-cpu run {where}"
+                         []).append(Rate(images / secs, f"measured: {_cores(hw)}cpu run {where}"
                                          if hw.get("device") != "cuda" else f"measured: run {where}", True))
     return rates
+
+
+def _cores(hw: dict) -> str:
+    return f"{hw['cpu_count']}-" if hw.get("cpu_count") else ""
 
 
 def rate_for(cfg: dict, device: str, cost: RunCost | None = None) -> Rate:
@@ -308,3 +312,19 @@ def fmt_duration(seconds: float) -> str:
     if seconds < 90 * 60:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def job_estimates(row, scale: str, config_names: list[str], extra: list[str], device: str) -> list[tuple[str, Estimate]]:
+    """``[(cell/seed<k>, Estimate)]`` for the launcher's generated cell configs ``config_names`` of a train row
+    (the dry run of ``scripts/reproduce.py run``): each cell composed once with the command-line extras."""
+    from flatbnn.reproduce.launch import cell_config_name, compose_cell
+
+    out, by_cell = [], {}
+    for cell in row.cells_for(scale):
+        for seed in cell.seeds:
+            if cell_config_name(cell.id, seed) not in config_names:
+                continue
+            if cell.id not in by_cell:
+                by_cell[cell.id] = estimate(compose_cell(list(cell.overrides) + list(extra)), device)
+            out.append((f"{cell.id}/seed{seed}", by_cell[cell.id]))
+    return out

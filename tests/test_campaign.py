@@ -203,3 +203,19 @@ def test_dry_runs_estimate_each_job_measured_where_a_record_matches_else_assumed
     assert campaign_cli.main(["--rows", "tiny", "--minutes", "10", "--dry-run", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "2 jobs queued" in out and "tiny/short/seed0: ~" in out and "tiny/long/seed0: ~" in out
+
+
+def test_each_cell_gets_the_data_root_of_its_own_data_set_and_a_missing_one_skips_it(tmp_path, monkeypatch):
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    monkeypatch.setattr(cost, "RECORDS_ROOT", tmp_path / "no_records")
+    (rows_dir / "mixed.yaml").write_text(yaml.safe_dump(
+        {"row": "mixed", "paper": "none", "title": "mixed", "kind": "train", "axes": ["dataset"], "base": ["model=mlp"],
+         "values": {"dataset": {"digits": ["dataset=digits"], "mnist": ["dataset=mnist"]}}, "seeds": [0],
+         "scales": {"paper": {"overrides": []}, "smoke": {"overrides": []}}}))
+    p = campaign.plan(["mixed"], device="cpu", data={"mnist": str(tmp_path / "no_mnist_here")},
+                      out_root=tmp_path / "o", results_root=tmp_path / "r")
+    assert [j.name for j in p.jobs] == ["mixed/digits/seed0"] and p.jobs[0].overrides == []  # embedded: no root
+    [(what, why, est)] = p.skipped
+    assert what == "mixed/mnist" and "needs data set mnist" in why and "no_mnist_here" in why and "assumed" in est

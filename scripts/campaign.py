@@ -67,7 +67,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import os
+    import time
 
+    started = time.monotonic()  # the budget counts from here: planning and restoring spend it too
     from flatbnn.reproduce import campaign, cost
     from flatbnn.reproduce.spec import load_row
 
@@ -103,7 +105,8 @@ def main(argv=None) -> int:
         if linked:
             print(f"campaign: {len(linked)} job(s) linked to other rows' identical finished runs", file=sys.stderr)
         print(campaign.describe(p, budget_s, procs * max(1, gpus)), file=sys.stderr)
-        res = campaign.run(p, budget_s=budget_s, procs=procs, gpus=gpus, margin_s=margin, results_root=args.results)
+        res = campaign.run(p, budget_s=budget_s, procs=procs, gpus=gpus, margin_s=margin, results_root=args.results,
+                           started=started)
         touched = list({j.row.row: j.row for j in p.jobs}.values()) + \
             [load_row(n) for n in dict.fromkeys(x.split("/", 1)[0] for x in linked)]
         touched = list({r.row: r for r in touched}.values())

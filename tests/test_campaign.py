@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tarfile
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+
+from helpers import REPO
 
 from flatbnn.reproduce import archive, campaign, cost, launch, spec
 from flatbnn.reproduce.aggregate import config_key
@@ -38,7 +41,7 @@ def _clock_stopping_when(cond):
 
 
 def test_budget_interrupts_a_cell_and_the_archive_finishes_it_elsewhere_with_the_uninterrupted_metrics(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, capsys):
     rows_dir = tmp_path / "rows"
     rows_dir.mkdir()
     monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
@@ -64,13 +67,21 @@ def test_budget_interrupts_a_cell_and_the_archive_finishes_it_elsewhere_with_the
     a = campaign.write_archive(tgz, p.jobs, [spec.load_row("tiny")], results_root=res1)
     assert a["runs"] == ["tiny/long/seed0"] and not a["left_out"] and a["bytes"] < 16 * 2**20
 
-    # a fresh machine: nothing but the archive
+    # a fresh machine: nothing but the archive; the command line restores it, trains only the long cell (the short
+    # one's record counts), writes the comparison and the next archive
     out2, res2 = tmp_path / "m2" / "outputs", tmp_path / "m2" / "results"
-    assert campaign.restore(tgz, out_root=out2, results_root=res2) == [str(out2 / "tiny" / "paper" / "long" / "seed0")]
-    p2 = campaign.plan(["tiny"], device="cpu", out_root=out2, results_root=res2)
-    assert p2.done == ["tiny/short/seed0"] and [j.name for j in p2.jobs] == ["tiny/long/seed0"]  # the record counts
-    r2 = campaign.run(p2, budget_s=3600, procs=1, margin_s=30, results_root=res2, poll_s=0.05)
-    assert r2["finished"] == ["tiny/long/seed0"] and not r2["interrupted"] and not r2["failed"]
+    sys.path.insert(0, str(REPO / "scripts"))
+    import campaign as campaign_cli
+
+    tgz2 = tmp_path / "chain2.tgz"
+    assert campaign_cli.main(["--rows", "tiny", "--minutes", "60", "--device", "cpu", "--procs", "1", "--restore",
+                              str(tgz), "--archive-out", str(tgz2), "--out", str(out2), "--results", str(res2)]) == 0
+    err = capsys.readouterr().err
+    assert "restored 1 unfinished run(s)" in err and "1 jobs queued, 1 already done" in err
+    assert "1 finished, 0 interrupted (resumable), 0 failed, 0 not started" in err
+    assert "**Progress: 2/2 cells done" in (res2 / "tiny" / "paper.md").read_text()
+    with tarfile.open(tgz2) as t:  # nothing left unfinished: only the records and the comparison travel on
+        assert not [n for n in t.getnames() if n.startswith("runs/")] and "results/tiny/paper.md" in t.getnames()
     log = (out2 / "tiny" / "paper" / ".campaign" / "long__s0.log").read_text()
     assert "resum" in log.lower(), log[-2000:]   # it continued from the checkpoint, not from scratch
 
@@ -166,10 +177,6 @@ def test_a_paper_cell_gets_its_verdict_when_all_its_seeds_are_in_and_the_board_c
 
 
 def test_dry_runs_estimate_each_job_measured_where_a_record_matches_else_assumed(tmp_path, monkeypatch, capsys):
-    import sys
-
-    from helpers import REPO
-
     sys.path.insert(0, str(REPO / "scripts"))
     import campaign as campaign_cli
     import reproduce as reproduce_cli
@@ -219,3 +226,23 @@ def test_each_cell_gets_the_data_root_of_its_own_data_set_and_a_missing_one_skip
     assert [j.name for j in p.jobs] == ["mixed/digits/seed0"] and p.jobs[0].overrides == []  # embedded: no root
     [(what, why, est)] = p.skipped
     assert what == "mixed/mnist" and "needs data set mnist" in why and "no_mnist_here" in why and "assumed" in est
+
+
+def test_a_budget_spent_before_a_job_starts_leaves_the_queue_for_the_next_call(tmp_path, monkeypatch):
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    _row(rows_dir)
+    row = spec.load_row("tiny")
+    est = cost.Estimate(1.0, cost.Rate(1.0, "assumed: test", False))
+    p = campaign.Plan("cpu", jobs=[campaign.Job(row, c, 0, est, tmp_path / "o", []) for c in row.cells_for("paper")])
+    calls = []
+
+    def late_clock():  # always past the deadline; a loop that never ends would call it for ever
+        calls.append(1)
+        assert len(calls) < 100, "the campaign kept polling after the budget was spent"
+        return 1e12
+
+    r = campaign.run(p, budget_s=60, margin_s=10, poll_s=0.001, clock=late_clock, started=0.0)
+    assert r["stopped"] and not r["finished"] and sorted(r["not_started"]) == ["tiny/long/seed0", "tiny/short/seed0"]
+    assert not (tmp_path / "o").exists()  # nothing started

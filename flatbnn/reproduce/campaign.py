@@ -175,11 +175,13 @@ def _log(msg: str) -> None:
 
 
 def run(p: Plan, *, budget_s: float, procs: int = 1, gpus: int = 0, margin_s: float = 60.0,
-        results_root: Path | None = None, poll_s: float = 0.5, clock=time.monotonic) -> dict:
-    """Work through ``p.jobs`` until the queue is empty or ``budget_s`` (minus ``margin_s``) is spent. Returns
+        results_root: Path | None = None, poll_s: float = 0.5, clock=time.monotonic,
+        started: float | None = None) -> dict:
+    """Work through ``p.jobs`` until the queue is empty or ``budget_s`` (minus ``margin_s``) is spent, counted from
+    ``started`` (a ``clock()`` reading: the command's start, so planning counts too; default now). Returns
     ``{"finished": [...], "interrupted": [...], "failed": {...}, "not_started": [...], "stopped": bool}``."""
     results_root = Path(results_root or archive.ARCHIVE_ROOT)
-    t0 = clock()
+    t0 = clock() if started is None else started
     deadline = t0 + budget_s - margin_s
     queue = list(p.jobs)
     slots = max(1, procs) * max(1, gpus or 1)
@@ -233,6 +235,8 @@ def run(p: Plan, *, budget_s: float, procs: int = 1, gpus: int = 0, margin_s: fl
                 else:
                     res["failed"][job.name] = f"exit {rc}; log {_log_path(job)}"
                     _log(f"FAILED {job.name} (exit {rc}): see {_log_path(job)}")
+            if sent_at is not None and not running:
+                break  # stopped: what is left in the queue waits for the next call
             if queue or running:
                 time.sleep(poll_s)
         res["not_started"] += [j.name for j in queue]

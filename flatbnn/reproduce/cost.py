@@ -263,21 +263,16 @@ def _cores(hw: dict) -> str:
     return f"{hw['cpu_count']}-" if hw.get("cpu_count") else ""
 
 
-def rate_for(cfg: dict, device: str, cost: RunCost | None = None) -> Rate:
-    """The training throughput of run config ``cfg`` on ``device`` (a slug): the median of the matching
-    measurements, else ``cost``'s FLOPs at the assumed rate of the device's kind."""
+def rate_for(cfg: dict, device: str) -> Rate:
+    """The measured training throughput of run config ``cfg`` on ``device`` (a slug): the median of the matching
+    measurements (CostError if none: then ``estimate`` assumes a FLOP rate)."""
     found = measured_rates().get((device, work_key(cfg)))
-    if found:
-        bases = sorted({r.basis for r in found})
-        basis = bases[0] if len(bases) == 1 else \
-            f"measured: median of {len(found)}, e.g. {bases[0].removeprefix('measured: ')}"
-        return Rate(statistics.median(r.images_per_s for r in found), basis, True)
-    kind = "cpu" if device == "cpu" else "gpu"
-    if cost is None:
-        raise CostError("no measured rate and no FLOP count to assume one from")
-    per_image = cost.flops / max(1, cost.train_images * cost.epochs * cost.members)
-    return Rate(ASSUMED_TFLOPS[kind] * 1e12 / per_image, f"assumed: {ASSUMED_TFLOPS[kind]:g} TFLOP/s on {device}",
-                False)
+    if not found:
+        raise CostError(f"no measured throughput on {device} for {work_key(cfg)}")
+    bases = sorted({r.basis for r in found})
+    basis = bases[0] if len(bases) == 1 else \
+        f"measured: median of {len(found)}, e.g. {bases[0].removeprefix('measured: ')}"
+    return Rate(statistics.median(r.images_per_s for r in found), basis, True)
 
 
 @dataclass(frozen=True)
@@ -290,20 +285,26 @@ class Estimate:
 
 
 def estimate(cfg, device: str) -> Estimate:
-    """The wall time of one run of composed config ``cfg`` (DictConfig) on ``device``: its training images x epochs
-    (x ensemble members) at the device's rate, plus the final evaluation at a third of a training step per image
-    and predictive sample (one forward instead of forward + backward)."""
+    """The wall time of one run of composed config ``cfg`` (DictConfig) on ``device``. Measured rate: its training
+    images x epochs (x ensemble members) at that rate, plus the final evaluation at a third of a training step per
+    image and predictive sample (one forward instead of forward + backward). Assumed rate: its FLOPs (run_cost:
+    training and evaluation) at the device kind's assumed TFLOP/s -- the cost table's A100-hours."""
     from omegaconf import OmegaConf
 
     plain = OmegaConf.to_container(cfg, resolve=False)
     found = measured_rates().get((device, work_key(plain)))
-    cost = None if found else run_cost(cfg)
-    rate = rate_for(plain, device, cost)
     n_train, n_test = split_sizes(cfg.dataset)
     members = int(cfg.method.get("num_members") or 1)
-    samples = max(1, int(cfg.method.get("num_samples") or members))
-    work = n_train * int(cfg.trainer.epochs) * members + n_test * samples / 3.0
-    return Estimate(work / rate.images_per_s, rate)
+    if found:
+        rate = rate_for(plain, device)
+        samples = max(1, int(cfg.method.get("num_samples") or members))
+        work = n_train * int(cfg.trainer.epochs) * members + n_test * samples / 3.0
+        return Estimate(work / rate.images_per_s, rate)
+    rc = run_cost(cfg)
+    kind = "cpu" if device == "cpu" else "gpu"
+    seconds = rc.flops / (ASSUMED_TFLOPS[kind] * 1e12)
+    return Estimate(seconds, Rate(rc.train_images * rc.epochs * rc.members / seconds,
+                                  f"assumed: {ASSUMED_TFLOPS[kind]:g} TFLOP/s on {device}", False))
 
 
 def fmt_duration(seconds: float) -> str:

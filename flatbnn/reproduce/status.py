@@ -24,7 +24,7 @@ def _scale_state(row, scale: str) -> str:
         return f"– ({reason})" if scale != "smoke" or row.blocked else "**missing**"
     f = RESULTS_ROOT / row.row / f"{scale}.json"
     if not f.exists():
-        return "not run"
+        return f"not run (0/{_paper_cells(row)} cells)" if scale == "paper" and row.kind == "train" else "not run"
     c = json.loads(f.read_text())
     link = f"[{scale}](reproduce/{row.row}/{scale}.md)" if (RESULTS_ROOT / row.row / f"{scale}.md").exists() else scale
     if row.kind == "script":
@@ -83,6 +83,12 @@ def _paper_progress(c: dict) -> str:
     return progress_sentence(paper_progress(c))
 
 
+def _paper_cells(row) -> int:
+    """The cells a row's paper-scale comparison judges: the paper's printed cells, or ours where they are lost."""
+    pd = row.paper_data() or {}
+    return len(pd.get("cells") or []) or len(row.cells_for("paper"))
+
+
 def _paper_headline() -> str:
     """The board's first line: paper-scale cells with all seeds in, and their verdicts, over every row."""
     from flatbnn.reproduce.compare import paper_progress
@@ -98,8 +104,7 @@ def _paper_headline() -> str:
             continue
         f = RESULTS_ROOT / name / "paper.json"
         if not f.exists():  # not started: its cells still count in the total
-            pd = row.paper_data() or {}
-            total["cells"] += len(pd.get("cells") or []) or len(row.cells_for("paper"))
+            total["cells"] += _paper_cells(row)
             continue
         pr = paper_progress(json.loads(f.read_text()))
         rows += 1 if pr["done"] else 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tarfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -127,7 +128,7 @@ def main(argv=None) -> int:
         if res["failed"]:
             return 1
         return campaign.EXIT_STOPPED if res["interrupted"] or res["not_started"] else 0
-    except (SpecError, FileNotFoundError, OSError, cost.CostError) as e:
+    except (SpecError, FileNotFoundError, OSError, cost.CostError, tarfile.TarError) as e:  # tarfile: --restore
         print(f"campaign: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 

@@ -164,8 +164,8 @@ def describe(p: Plan, budget_s: float | None, procs: int) -> str:
 
 # ---------------------------------------------------------------------------------------------- running
 def _command(job: Job, search: Path) -> list[str]:
-    """train.py for one job: the launcher's generated cell config (launch.write_cells), the row's usual run dir."""
-    return [sys.executable, str(REPO / "train.py"), f"hydra.searchpath=[file://{search.resolve()}]",
+    """train.py for one job (the launcher's entry): its generated cell config (launch.write_cells), the row's run dir."""
+    return [sys.executable, "-m", "flatbnn.train", f"hydra.searchpath=[file://{search.resolve()}]",
             f"+cell={launch.cell_config_name(job.cell.id, job.seed)}", f"hydra.run.dir={job.run}",
             *job.overrides]
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import yaml
 
+from flatbnn.resources import CONFIGS_DIR
 from flatbnn.reproduce.spec import REPO
 
 BENCH_DIR = REPO / "results" / "bench"
@@ -193,6 +194,8 @@ def _bench_pairs() -> dict[str, tuple[str, str, int]]:
     import sys
 
     path = REPO / "scripts" / "benchmark.py"
+    if not path.is_file():  # an installed package ships no scripts/: no benchmark matches, estimates are assumed
+        return {}
     spec = importlib.util.spec_from_file_location("_flatbnn_benchmark", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("_flatbnn_benchmark", mod)
@@ -224,7 +227,7 @@ def _measured_rates(bench_dir: Path, records_root: Path) -> dict[tuple, list[Rat
         except (OSError, ValueError):
             continue
         st = b.get("settings") or {}
-        model_file = REPO / "configs" / "model" / f"{st.get('model')}.yaml"
+        model_file = CONFIGS_DIR / "model" / f"{st.get('model')}.yaml"
         if not model_file.is_file() or (b.get("device") or {}).get("type") != "cuda" and st.get("smoke"):
             continue
         net = _network(yaml.safe_load(model_file.read_text()) or {}, st.get("input_shape"))

@@ -72,7 +72,7 @@ def _run_row(name: str, args, extra: list[str]) -> int:
                              dry_run=args.dry_run, cells_glob=args.cells, seeds=args.seeds, missing=args.missing,
                              records=_results_root(args))
         if args.dry_run and row.kind == "train" and args.scale != "smoke":
-            _print_estimates(row, args, extra, summary["command"])
+            _print_estimates(row, args, extra, summary.get("command") or [])
         failed = [f"{k}: {v['detail']}" for k, v in summary["jobs"].items() if v["state"] == "failed"]
         for line in failed:
             print(f"  FAILED {line}", file=sys.stderr)

@@ -71,7 +71,8 @@ reproduce-fsam-sweep: setup
 
 # ---------------------------------------------------------------------------- paper rows (docs/reproduce.md)
 #   make reproduce-<row> SCALE=smoke|cpu|paper [ARGS="dataset.root=..."] [LAUNCHER=slurm|local|cpu_parallel|gpu_shared] [DRY=1]
-#     LAUNCHER: a configs/hydra/launcher option (docs/cluster.md); DRY=1 prints the sweep command, runs nothing;
+#     LAUNCHER: a configs/hydra/launcher option (docs/cluster.md); DRY=1 prints the sweep command and a time estimate
+#     per job (measured throughput where one matches, else assumed), runs nothing;
 #     MISSING=1 skips the jobs the row's committed records hold (finish a row in a fresh clone / on another cluster)
 #   make reproduce-all SCALE=smoke [JOBS=4]   (CI) every row (JOBS rows at a time), then results/STATUS.md
 #   make compare-<row> SCALE=cpu              rerender the comparison from whatever runs exist
@@ -99,12 +100,31 @@ status: setup
 rows-check: setup
 	$(PY) scripts/reproduce.py check
 
-# estimated runs / PFLOP / GPU-hours per row at paper scale -> the table in docs/cluster.md (a few minutes, CPU)
+# estimated runs / PFLOP / GPU-hours per row at paper scale -> the table in docs/cluster.md (a few minutes, CPU);
+# its last column: hours on the benchmarked GPU from measured throughput where one matches (else assumed, counted)
 #   make cost-table COST_ARGS="--tflops 40"   (another assumed sustained rate)
 COST_ARGS ?=
 .PHONY: cost-table
 cost-table: setup
 	$(PY) scripts/estimate_cost.py --write-docs $(COST_ARGS)
+
+# paper-scale cells, cheapest verdicts first, until the budget runs out; resumes on the next call (docs/cluster.md:
+# "A campaign", and the standing rule for GPU time). Finished runs -> records + comparisons + results/STATUS.md.
+#   make campaign MINUTES=11 [ROWS=bsam_t6,hwa_fig1] [GPUS=1] [PROCS=2] [DATA=mnist=/data/mnist_root,cifar10=...]
+#   make campaign HOURS=8 GPUS=1 DRY=1      the queue with a time estimate per job (measured vs assumed), runs nothing
+#   CAMPAIGN_ARGS="--restore in.tgz --archive-out $$OUT/campaign.tgz"   chain a job across short GPU commands
+ROWS    ?=
+HOURS   ?=
+MINUTES ?=
+GPUS    ?=
+PROCS   ?=
+DATA    ?=
+CAMPAIGN_ARGS ?=
+.PHONY: campaign
+campaign: setup
+	$(PY) scripts/campaign.py $(if $(ROWS),--rows $(ROWS)) $(if $(HOURS),--hours $(HOURS)) \
+		$(if $(MINUTES),--minutes $(MINUTES)) $(if $(GPUS),--gpus $(GPUS)) $(if $(PROCS),--procs $(PROCS)) \
+		$(if $(DATA),--data $(DATA)) $(if $(DRY),--dry-run) $(CAMPAIGN_ARGS) -- $(ARGS)
 
 # 2-D toy reproductions (exact problems, CPU, < 1 min each)
 .PHONY: reproduce-fsam-toy reproduce-vsam-fig1

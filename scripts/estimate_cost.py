@@ -24,8 +24,6 @@ Not counted: data loading, BatchNorm refreshes of SWAG samples, SWAG / SGLD book
 from __future__ import annotations
 
 import argparse
-import functools
-import json
 import os
 import re
 import sys
@@ -33,120 +31,20 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flatbnn.cli import EXIT_CONFIG  # noqa: E402
+# the per-run formula lives with the measured rates (the dry runs and the campaign use both); names kept here
+from flatbnn.reproduce.cost import (SPLIT_SIZES, TWO_PASS_FLATNESS, TWO_PASS_METHODS, CostError,  # noqa: E402,F401
+                                    RunCost, estimate, forward_flops, run_cost)
 
 DOCS = ROOT / "docs" / "cluster.md"
 START, END = "<!-- cost-table:start -->", "<!-- cost-table:end -->"
 LONGEST_SHOWN = 4  # rows whose longest run is listed under the table
 HEADER = ("row", "runs (cells × seeds)", "networks (forward GFLOPs / image)", "two-pass share", "est. PFLOP",
-          "est. A100-hours")
-
-# (train, test) images of each data set's standard split, for configs that do not subset it.
-SPLIT_SIZES = {
-    "cifar10": (50_000, 10_000),
-    "cifar100": (50_000, 10_000),
-    "mnist": (60_000, 10_000),
-    "fashion_mnist": (60_000, 10_000),
-    "svhn": (73_257, 26_032),
-    "tinyimagenet": (100_000, 10_000),        # the labelled validation set is the test set
-    "imagenet": (1_281_167, 50_000),
-    "stanford_cars": (8_144, 8_041),
-    "flowers102": (2_040, 6_149),             # train_split=trainval (trnid + valid); `train` halves it
-    "digits": (1_437, 360),
-}
-# flatness configs (by _target_ class) and methods that take two forward/backward passes per step
-TWO_PASS_FLATNESS = {"SAM", "ASAM", "FisherSAM", "Geometry"}
-TWO_PASS_METHODS = {"BSAM", "VariationalSAM"}
-
-
-class CostError(ValueError):
-    """Bad input (unknown row, missing markers, a cell that does not compose): one line, exit 2."""
-
-
-# ---------------------------------------------------------------------------------------------- counting
-def forward_flops(model: nn.Module, input_shape) -> int:
-    """FLOPs of one forward pass of ``model`` on one input of ``input_shape`` (no batch dimension)."""
-    model.eval()
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model(torch.zeros(1, *input_shape))
-    return int(counter.get_total_flops())
-
-
-@functools.cache
-def _network_flops(model_json: str, shape: tuple[int, ...]) -> int:
-    # keyed on the resolved model config: cells of a row share networks, and WRN-28-10 / ViT-B take seconds to build
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
-    return forward_flops(instantiate(OmegaConf.create(json.loads(model_json))), shape)
-
-
-def _target_class(group_cfg) -> str:
-    return str((group_cfg or {}).get("_target_", "")).rsplit(".", 1)[-1]
-
-
-@dataclass
-class RunCost:
-    """The cost of one run (one cell, one seed) and what it was computed from."""
-    network: str
-    dataset: str
-    forward_flops: int
-    train_images: int
-    test_images: int
-    epochs: int
-    passes: int
-    members: int
-    samples: int
-
-    @property
-    def train_flops(self) -> float:
-        return 3.0 * self.forward_flops * self.train_images * self.epochs * self.passes * self.members
-
-    @property
-    def eval_flops(self) -> float:
-        return float(self.forward_flops) * self.test_images * self.samples
-
-    @property
-    def flops(self) -> float:
-        return self.train_flops + self.eval_flops
-
-
-def run_cost(cfg) -> RunCost:
-    """The cost of one run of a composed config."""
-    from omegaconf import OmegaConf
-
-    ds = cfg.dataset
-    size = ds.get("image_size")
-    shape = tuple(int(s) for s in ds.input_shape)
-    if size:  # served at S x S (e.g. CIFAR at 224 for a ViT)
-        shape = (shape[0], int(size), int(size))
-    model_json = json.dumps(OmegaConf.to_container(cfg.model, resolve=True), sort_keys=True)
-    standard = SPLIT_SIZES.get(ds.name)
-    if standard is None and not (ds.get("train_subset") and ds.get("test_subset")):
-        raise CostError(f"no standard split size for dataset {ds.name!r}: add it to SPLIT_SIZES in "
-                        f"scripts/estimate_cost.py")
-    n_train = ds.get("train_subset") or standard[0]
-    if ds.name == "flowers102" and ds.get("train_split") == "train" and not ds.get("train_subset"):
-        n_train = 1_020
-    n_train -= int(ds.get("val_split") or 0)
-    n_test = ds.get("test_subset") or standard[1]
-    method = cfg.method
-    two_pass = (_target_class(cfg.get("flatness")) in TWO_PASS_FLATNESS
-                or _target_class(method) in TWO_PASS_METHODS)
-    return RunCost(network=str(cfg.model.get("name", _target_class(cfg.model))), dataset=str(ds.name),
-                   forward_flops=_network_flops(model_json, shape), train_images=int(n_train),
-                   test_images=int(n_test), epochs=int(cfg.trainer.epochs), passes=2 if two_pass else 1,
-                   members=int(method.get("num_members") or 1),
-                   # a deep ensemble predicts with each member once (its num_samples is its num_members)
-                   samples=max(1, int(method.get("num_samples") or method.get("num_members") or 1)))
-
+          "est. A100-hours", "est. hours on {device} (runs at a measured rate)")
+MEASURED_DEVICE = "nvidia-h200"  # the device results/bench/ has measurements of (flatbnn/reproduce/cost.py)
 
 @dataclass
 class RowCost:
@@ -156,12 +54,14 @@ class RowCost:
     flops: float = 0.0
     networks: set = field(default_factory=set)  # (network, GFLOPs, dataset)
     longest: tuple[float, str] = (0.0, "")      # (FLOPs, cell id) of the row's most expensive single run
+    device_seconds: float = 0.0                 # wall time on the --device: measured rate where one matches
+    measured_runs: int = 0                      # ... for this many of the runs; the others at the assumed rate
 
     def gpu_hours(self, tflops: float) -> float:
         return self.flops / (tflops * 1e12) / 3600.0
 
 
-def row_cost(name: str) -> RowCost | None:
+def row_cost(name: str, device: str = MEASURED_DEVICE) -> RowCost | None:
     """The row's cost at paper scale, or None for rows that train nothing there (eval / script / no paper scale)."""
     from flatbnn.reproduce import launch, spec
 
@@ -181,6 +81,9 @@ def row_cost(name: str) -> RowCost | None:
             raise CostError(f"{name} / {cell.id} does not compose: {' '.join(str(e).split())[:200]}") from None
         cost = run_cost(cfg)
         seeds = len(cell.seeds)
+        est = estimate(cfg, device)
+        out.device_seconds += seeds * est.seconds
+        out.measured_runs += seeds if est.rate.measured else 0
         out.runs += seeds
         out.two_pass_runs += seeds if cost.passes == 2 else 0
         out.flops += seeds * cost.flops
@@ -194,21 +97,26 @@ def _hours(h: float) -> str:
     return f"~{h:,.0f}"
 
 
-def markdown_table(costs: list[RowCost], tflops: float) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+def markdown_table(costs: list[RowCost], tflops: float, device: str = MEASURED_DEVICE) -> str:
+    header = [h.format(device=device) for h in HEADER]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in costs:
         nets = ", ".join(f"{n} {g:.3g} ({d})" for n, g, d in sorted(c.networks))
         share = f"{100 * c.two_pass_runs / c.runs:.0f}%" if c.runs else "-"
         lines.append(f"| `{c.row}` | {c.runs} | {nets} | {share} | {c.flops / 1e15:,.0f} | "
-                     f"{_hours(c.gpu_hours(tflops))} |")
+                     f"{_hours(c.gpu_hours(tflops))} | {_hours(c.device_seconds / 3600)} ({c.measured_runs}/{c.runs}) |")
     total_runs = sum(c.runs for c in costs)
     total_hours = sum(c.gpu_hours(tflops) for c in costs)
     lines.append(f"| **all** | **{total_runs}** | | | **{sum(c.flops for c in costs) / 1e15:,.0f}** | "
-                 f"**{_hours(total_hours)}** |")
+                 f"**{_hours(total_hours)}** | **{_hours(sum(c.device_seconds for c in costs) / 3600)}** "
+                 f"({sum(c.measured_runs for c in costs)}/{total_runs}) |")
     # the runs a job's wall-clock limit must cover (timeout_min x (max_num_timeout + 1), docs/cluster.md)
     longest = sorted(costs, key=lambda c: c.longest, reverse=True)[:LONGEST_SHOWN]
     runs = "; ".join(f"`{c.row}` {c.longest[1]} ~{c.longest[0] / (tflops * 1e12) / 3600:,.1f}" for c in longest)
-    lines += ["", f"Longest single runs (A100-hours at {tflops:g} TFLOP/s): {runs}."]
+    lines += ["", f"Longest single runs (A100-hours at {tflops:g} TFLOP/s): {runs}.", "",
+              f"Last column: each run's wall time on {device} from a measured throughput where one matches its network, "
+              f"method, flatness, m and precision (results/bench/*.json, finished runs' records), else its FLOPs at the "
+              f"assumed rate; the parenthesis counts the runs at a measured rate (flatbnn/reproduce/cost.py)."]
     return "\n".join(lines) + "\n"
 
 
@@ -236,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", default=None, help="comma-separated row names (default: every train row)")
     ap.add_argument("--tflops", type=float, default=25.0,
                     help="assumed sustained TFLOP/s of one GPU (default 25: an A100 in bf16 on CIFAR-sized nets)")
+    ap.add_argument("--device", default=MEASURED_DEVICE,
+                    help="the device of the last column (a results/bench/ slug, or cpu)")
     ap.add_argument("--write-docs", action="store_true",
                     help=f"replace the table between {START} and {END} in --docs (atomically)")
     ap.add_argument("--docs", type=Path, default=DOCS, help="the Markdown file --write-docs edits")
@@ -251,10 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         docs_text = args.docs.read_text() if args.write_docs else None  # fail on a bad path before minutes of work
         if docs_text is not None:
             replace_table(docs_text, "")
-        costs = [c for c in (row_cost(n) for n in names) if c is not None]
+        costs = [c for c in (row_cost(n, args.device) for n in names) if c is not None]
         if not costs:
             raise CostError(f"no train row with a paper scale among: {', '.join(names)}")
-        table = markdown_table(costs, args.tflops)
+        table = markdown_table(costs, args.tflops, args.device)
         sys.stdout.write(table)
         if docs_text is not None:
             write_atomic(args.docs, replace_table(docs_text, table))

@@ -52,13 +52,23 @@ def archive_run(run: Path, dest: Path, reused_from: str | None = None) -> bool:
         dest.mkdir(parents=True, exist_ok=True)
         write_bytes(target, data)
         changed = True
-    record = {"run_dir": str(run), "reused_from": reused_from}
+    record = {"run_dir": str(run), "reused_from": reused_from,
+              "trained_on": trained_on(json.loads((run / "results.json").read_text()).get("meta") or {})}
     rec_file = dest / "record.json"
     old = json.loads(rec_file.read_text()) if rec_file.is_file() else None
     if changed or old is None or old.get("reused_from") != reused_from:
         write_json(rec_file, record)
         changed = True
     return changed
+
+
+def trained_on(meta: dict) -> str:
+    """Where a run was trained, from its results.json meta: device, torch version and commit, e.g.
+    ``NVIDIA H200, torch 2.11.0+cu130, commit efcd95f3`` (``+dirty``: uncommitted changes in the tree)."""
+    hw, git = meta.get("hardware") or {}, meta.get("git") or {}
+    device = hw.get("gpu") or f"cpu ({hw.get('cpu_count', '?')} cores)"
+    dirty = "+dirty" if git.get("dirty") else ""
+    return f"{device}, torch {hw.get('torch', '?')}, commit {str(git.get('commit', '?'))[:8]}{dirty}"
 
 
 def archive_row(row, scale: str, out: Path, root: Path | None = None) -> int:

@@ -71,6 +71,8 @@ def _run_row(name: str, args, extra: list[str]) -> int:
         summary = launch_row(row, args.scale, out=out, extra=extra, launcher=args.launcher, force=args.force,
                              dry_run=args.dry_run, cells_glob=args.cells, seeds=args.seeds, missing=args.missing,
                              records=_results_root(args))
+        if args.dry_run and row.kind == "train" and args.scale != "smoke":
+            _print_estimates(row, args, extra, summary.get("command") or [])
         failed = [f"{k}: {v['detail']}" for k, v in summary["jobs"].items() if v["state"] == "failed"]
         for line in failed:
             print(f"  FAILED {line}", file=sys.stderr)
@@ -82,6 +84,23 @@ def _run_row(name: str, args, extra: list[str]) -> int:
         path = write_comparison(row, args.scale, out=out, dest=root / name if root else None)
         print(f"comparison: {path}", file=sys.stderr)
     return rc
+
+
+def _print_estimates(row, args, extra: list[str], command: list[str]) -> None:
+    """The dry run's time per job to run: measured throughput where one matches, else assumed (it says which)."""
+    from flatbnn.reproduce.cost import fmt_duration, job_estimates, this_device
+
+    names = next((c.split("=", 1)[1].split(",") for c in command if c.startswith("+cell=")), [])
+    if not names or names == [""]:
+        return
+    device = args.estimate_on or this_device()
+    est = job_estimates(row, args.scale, names, extra, device)
+    for job, e in est:
+        print(f"  {job}: {e.describe()}", file=sys.stderr)
+    measured = sum(e.rate.measured for _, e in est)
+    print(f"  {len(est)} jobs: ~{fmt_duration(sum(e.seconds for _, e in est))} of training on {device} one after "
+          f"another ({measured} at a measured rate, {len(est) - measured} assumed; flatbnn/reproduce/cost.py)",
+          file=sys.stderr)
 
 
 def _run_rows_in_parallel(names: list[str], args, extra: list[str]) -> list[int]:
@@ -142,7 +161,10 @@ def main(argv=None) -> int:
         again.add_argument("--missing", action="store_true",
                            help="skip the jobs this row's committed records hold (results/reproduce/<row>/<scale>/"
                                 "runs/, or --results): finish a row begun on another machine or in a fresh clone")
-        p.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+        p.add_argument("--dry-run", action="store_true",
+                       help="print the command and each job's time estimate, run nothing")
+        p.add_argument("--estimate-on", default=None,
+                       help="the device of the dry run's estimates (a results/bench/ slug, cpu; default: this machine)")
         p.add_argument("--no-compare", action="store_true")
         if name == "all":
             p.add_argument("--jobs", type=int, default=1,

@@ -205,8 +205,9 @@ def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | No
                 rec["state"] = "done" if st["n"] == len(entry["states"]) else f"{st['n']}/{len(entry['states'])} seeds"
             if st["mean"] is not None:
                 rec["delta"] = st["mean"] - float(printed["mean"])
-                if scale == "paper":
+                if scale == "paper" and rec["state"] == "done":  # a verdict once every seed of the cell is in
                     rec["verdict"] = _verdict(rec)
+                    rec["verdict_seeds"] = st["n"]
             table.append(rec)
     ours_only = not (pd.get("cells") or [])
     if ours_only and row.kind != "script":  # the paper's numbers are lost: our cells ranked against each other
@@ -450,6 +451,9 @@ def to_markdown(c: dict) -> str:
         lines += ["", "## Our choices where the paper is silent", ""]
         lines += [f"- `{k}`: {v}" for k, v in c["choices"].items()]
     lines += _fidelity_markdown(c)
+    if c["table"] and c["scale"] == "paper":
+        lines += ["", f"**Progress: {progress_sentence(paper_progress(c))}** (a cell's verdict comes when all its "
+                      f"seeds are in: outside if any metric is outside the paper's ±2σ)."]
     if c["table"] and c.get("ours_only"):
         lines += _ours_only_markdown(c)
     elif c["table"]:
@@ -466,7 +470,7 @@ def to_markdown(c: dict) -> str:
                      _fmt(r.get("delta"), unit=r["unit"]),
                      r["state"] + (" · at chance" if r.get("at_chance") else "") + (" ⚑" if r["flags"] else "")]
             if c["scale"] == "paper":
-                cells.append(r.get("verdict", "–"))
+                cells.append(f"{r['verdict']} ({r['verdict_seeds']} seeds)" if r.get("verdict") else "–")
             lines.append("| " + " | ".join(cells) + " |")
         if skipped:
             lines += ["", f"{len(skipped)} paper cells are not part of this scale: " + ", ".join(f"`{x}`" for x in skipped)]
@@ -540,6 +544,34 @@ def _fidelity_markdown(c: dict) -> list[str]:
     else:
         lines += ["", "No declared departures."]
     return lines
+
+
+def paper_progress(c: dict) -> dict:
+    """A paper-scale comparison's progress, per paper cell (all its metrics): ``cells`` (the paper cells of this
+    scale), ``done`` (every seed in), ``within`` / ``outside`` (a verdict: outside if any metric is outside the
+    paper's spread), ``no_spread`` (done, but the paper prints no spread to judge by). A table whose numbers are
+    lost counts our cells (``done``) and has no verdicts."""
+    by_cell: dict[str, list[dict]] = {}
+    for r in c.get("table") or []:
+        if r.get("state") != NOT_AT_SCALE and not str(r.get("state", "")).startswith("blocked"):
+            by_cell.setdefault(r["cell"], []).append(r)
+    done = {k: rs for k, rs in by_cell.items() if all(r.get("state") == "done" for r in rs)}
+    verdicts = {k: [r.get("verdict") for r in rs if r.get("verdict") in ("within", "outside")] for k, rs in done.items()}
+    return {"cells": len(by_cell), "done": len(done),
+            "within": sum(1 for v in verdicts.values() if v and "outside" not in v),
+            "outside": sum(1 for v in verdicts.values() if "outside" in v),
+            "no_spread": sum(1 for v in verdicts.values() if not v), "numbers_lost": bool(c.get("ours_only"))}
+
+
+def progress_sentence(pr: dict) -> str:
+    """``7/20 cells done: 5 within the paper's spread, 2 outside`` (what STATUS.md and the comparison say)."""
+    s = f"{pr['done']}/{pr['cells']} cells done"
+    if pr["numbers_lost"]:
+        return s + " (the paper's numbers are lost: no verdicts)"
+    if pr["done"]:
+        s += f": {pr['within']} within the paper's spread, {pr['outside']} outside"
+        s += f", {pr['no_spread']} without a printed spread" if pr["no_spread"] else ""
+    return s
 
 
 def _cells_markdown(table: list[dict], title: str, intro: str) -> list[str]:

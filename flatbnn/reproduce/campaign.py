@@ -1,0 +1,400 @@
+"""A campaign: paper-scale (cell, seed) jobs, cheapest verdicts first, until a time budget runs out.
+
+Scheduling only: every job runs the config ``scripts/reproduce.py run <row> --scale paper`` composes for it (the
+same generated cell config, launch.write_cells, plus the same command-line extras), as its own ``train.py``
+process in the row's usual run dir ``<outputs>/<row>/paper/<cell>/seed<k>`` -- so ``reproduce.py compare`` and
+``run`` see the campaign's runs as their own. Several jobs share a device as separate processes (``procs``).
+
+* Queue: rows by cost per cell (a cell = one verdict, or one ranked cell of a table whose numbers are lost), cheapest
+  first; in a row, cells by cost, each cell's seeds together (a verdict needs all of them). Cost = the estimated
+  wall time of a run on this device (flatbnn/reproduce/cost.py: measured throughput where one matches, else assumed,
+  and it says which). Jobs that a record already holds, or another row's identical run provides (linked, as the
+  launcher does), are not run. A job whose estimate exceeds ``max_job_s`` is left out with that reason.
+* Data: a cell whose data set or weights this machine lacks is skipped with the preflight's one line.
+* Budget: at ``deadline - margin`` every running job gets SIGTERM (train.py: finish the step, checkpoint, exit 75);
+  a job that has not exited ``margin / 2`` later is killed (its last epoch checkpoint stays). The next call resumes
+  interrupted jobs from their checkpoints; finished ones are archived as records (archive.py) at once.
+* Chaining (``archive_out``): one .tgz of the unfinished run dirs (checkpoints included) and the touched rows' records
+  and comparisons, within a size limit; ``restore`` unpacks such a file before planning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flatbnn.reproduce import archive, cost, launch, preflight
+from flatbnn.reproduce.spec import REPO, Cell, Row, SpecError, list_rows, load_row
+
+PAPER = "paper"
+EXIT_STOPPED = 75          # the budget ran out (or a stop signal came) with jobs left: rerun to go on
+DEFAULT_LIMIT_MB = 16      # the device tool returns files of at most 16 MB
+
+
+@dataclass
+class Job:
+    row: Row
+    cell: Cell
+    seed: int
+    estimate: cost.Estimate
+    out: Path              # the row's paper sweep dir
+    overrides: list[str]   # the command-line extras of this cell (data root included)
+
+    @property
+    def name(self) -> str:
+        return f"{self.row.row}/{self.cell.id}/seed{self.seed}"
+
+    @property
+    def run(self) -> Path:
+        return launch.run_dir(self.out, self.cell.id, self.seed)
+
+
+@dataclass
+class Plan:
+    device: str
+    jobs: list[Job] = field(default_factory=list)          # the queue, in order
+    skipped: list[tuple[str, str, str]] = field(default_factory=list)  # (what, one-line reason, estimate or "")
+    done: list[str] = field(default_factory=list)           # jobs already finished (run dir, record, or linked)
+    per_cell: dict[str, float] = field(default_factory=dict)  # row -> estimated seconds per cell (its ordering key)
+
+
+def data_overrides(cfg, data: dict[str, str]) -> list[str]:
+    """``dataset.root=<root>`` for the cell's data set when ``data`` (data set name -> root) names it."""
+    root = data.get(str(cfg.dataset.name))
+    return [f"dataset.root={root}"] if root else []
+
+
+def _data_problem(row: Row, cell: Cell, dataset: str, extra: list[str], seen: dict) -> str | None:
+    """The preflight's one line if this cell's data set or weights are missing here, else None (cached per data)."""
+    key = (dataset, tuple(extra))
+    if key not in seen:
+        try:
+            preflight.check_data(row, PAPER, extra, cells_glob=cell.id)
+            seen[key] = None
+        except (FileNotFoundError, SpecError) as e:
+            seen[key] = " ".join(str(e).split())
+    return seen[key]
+
+
+def plan(rows: list[str] | None, *, device: str, data: dict[str, str] | None = None, extra: list[str] = (),
+         max_job_s: float | None = None, out_root: Path | None = None, results_root: Path | None = None,
+         check_data: bool = True) -> Plan:
+    """The queue of paper-scale jobs of ``rows`` (None: every train row with a paper scale) on ``device``."""
+    out_root = Path(out_root or launch.OUTPUT_ROOT)
+    results_root = Path(results_root or archive.ARCHIVE_ROOT)
+    p = Plan(device)
+    by_row: list[tuple[float, list[list[Job]]]] = []
+    names = rows or [n for n in list_rows() if load_row(n).kind == "train"]
+    for name in names:
+        row = load_row(name)
+        if row.kind != "train":
+            p.skipped.append((name, f"a {row.kind} row (it trains nothing; run it with scripts/reproduce.py)", ""))
+            continue
+        if row.scale(PAPER) is None:
+            p.skipped.append((name, f"no paper scale ({row.blocked or row.scale_missing_reason(PAPER)})", ""))
+            continue
+        out = out_root / name / PAPER
+        seen: dict = {}
+        cells: list[list[Job]] = []
+        for cell in row.cells_for(PAPER):
+            what = f"{name}/{cell.id}"
+            if cell.blocked:
+                p.skipped.append((what, f"blocked: {cell.blocked}", ""))
+                continue
+            cfg = launch.compose_cell(list(cell.overrides) + list(extra))
+            cell_extra = list(extra) + data_overrides(cfg, data or {})
+            if cell_extra != list(extra):
+                cfg = launch.compose_cell(list(cell.overrides) + cell_extra)
+            est = cost.estimate(cfg, device)
+            problem = _data_problem(row, cell, str(cfg.dataset.name), cell_extra, seen) if check_data else None
+            if problem:
+                p.skipped.append((what, problem, est.describe()))
+                continue
+            if max_job_s is not None and est.seconds > max_job_s:
+                p.skipped.append((what, f"a run needs more than the {cost.fmt_duration(max_job_s)} a job may take "
+                                        f"here", est.describe()))
+                continue
+            todo = []
+            for seed in cell.seeds:
+                if launch.job_state(out, cell.id, seed)[0] == "done" or launch.recorded_jobs(
+                        row, PAPER, [(cell, seed)], results_root):
+                    p.done.append(f"{what}/seed{seed}")
+                else:
+                    todo.append(Job(row, cell, seed, est, out, cell_extra))
+            if todo:
+                cells.append(todo)
+        if cells:
+            per_cell = sum(j.estimate.seconds * len(j.cell.seeds) for c in cells for j in c[:1]) / len(cells)
+            p.per_cell[name] = per_cell
+            by_row.append((per_cell, sorted(cells, key=lambda c: c[0].estimate.seconds)))
+    for _, cells in sorted(by_row, key=lambda rc: rc[0]):
+        p.jobs += [j for c in cells for j in c]
+    return p
+
+
+def describe(p: Plan, budget_s: float | None, procs: int) -> str:
+    """The dry run: the queue with an estimate per job, what the budget reaches, and what is skipped and why."""
+    lines = [f"campaign on {p.device}: {len(p.jobs)} jobs queued, {len(p.done)} already done, "
+             f"{len(p.skipped)} skipped; {procs} process(es) at once"]
+    t = [0.0] * max(1, procs)  # a greedy list schedule: each job on the slot that frees first
+    for j in p.jobs:
+        i = t.index(min(t))
+        t[i] += j.estimate.seconds
+        fits = "" if budget_s is None else ("" if t[i] <= budget_s else "  [beyond the budget]")
+        lines.append(f"  {j.name}: {j.estimate.describe()}{fits}")
+    if budget_s is not None:
+        lines.append(f"budget {cost.fmt_duration(budget_s)}; the queue needs ~{cost.fmt_duration(max(t))} "
+                     f"of wall time at {procs} at once (estimates, not a promise)")
+    by_reason: dict[str, list[str]] = {}
+    for what, why, est in p.skipped:
+        by_reason.setdefault(why, []).append(what + (f" {est}" if est else ""))
+    for why, whats in by_reason.items():  # one line per reason (a missing data set skips many cells)
+        lines.append(f"  skipped ({why}):")
+        lines += [f"    {w}" for w in whats]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- running
+def _command(job: Job, search: Path) -> list[str]:
+    """train.py for one job (the launcher's entry): its generated cell config (launch.write_cells), the row's run dir."""
+    return [sys.executable, "-m", "flatbnn.train", f"hydra.searchpath=[file://{search.resolve()}]",
+            f"+cell={launch.cell_config_name(job.cell.id, job.seed)}", f"hydra.run.dir={job.run}",
+            *job.overrides]
+
+
+def _log(msg: str) -> None:
+    print(f"campaign: {msg}", file=sys.stderr, flush=True)
+
+
+def run(p: Plan, *, budget_s: float, procs: int = 1, gpus: int = 0, margin_s: float = 60.0,
+        results_root: Path | None = None, poll_s: float = 0.5, clock=time.monotonic,
+        started: float | None = None) -> dict:
+    """Work through ``p.jobs`` until the queue is empty or ``budget_s`` (minus ``margin_s``) is spent, counted from
+    ``started`` (a ``clock()`` reading: the command's start, so planning counts too; default now). Returns
+    ``{"finished": [...], "interrupted": [...], "failed": {...}, "not_started": [...], "stopped": bool}``."""
+    results_root = Path(results_root or archive.ARCHIVE_ROOT)
+    t0 = clock() if started is None else started
+    deadline = t0 + budget_s - margin_s
+    queue = list(p.jobs)
+    slots = max(1, procs) * max(1, gpus or 1)
+    running: dict[int, tuple[Job, subprocess.Popen, object]] = {}
+    res = {"finished": [], "interrupted": [], "failed": {}, "not_started": [], "stopped": False}
+    stop = {"signal": None}
+    old = {s: signal.signal(s, lambda signum, _f: stop.update(signal=signum)) for s in (signal.SIGTERM, signal.SIGINT)}
+    sent_at = None
+    searches: dict[str, Path] = {}
+    mps = _start_mps() if gpus and procs > 1 else False
+    try:
+        while queue or running:
+            now = clock()
+            if (now >= deadline or stop["signal"]) and sent_at is None:
+                res["stopped"] = True
+                sent_at = now
+                for _, pr, _ in running.values():
+                    pr.send_signal(signal.SIGTERM)  # train.py: finish the step, checkpoint, exit 75
+                _log(f"{'budget spent' if not stop['signal'] else 'stop signal'}: stopping {len(running)} job(s)")
+            if sent_at is not None and now - sent_at > max(margin_s / 2, 5):
+                for _, pr, _ in running.values():
+                    pr.kill()  # its last epoch checkpoint stays; the next call resumes from there
+            while sent_at is None and queue and len(running) < slots:
+                job = queue.pop(0)
+                left = deadline - clock()
+                if p.device == "cpu" and job.estimate.seconds > left and not (job.run / "checkpoints").is_dir():
+                    res["not_started"].append(job.name)  # a CPU cannot finish it in what is left: leave it
+                    continue
+                slot = next(i for i in range(slots) if i not in running)
+                if job.row.row not in searches:
+                    searches[job.row.row] = launch.write_cells(job.row, [c for c in job.row.cells_for(PAPER)
+                                                                         if not c.blocked], PAPER, job.out,
+                                                               list(job.overrides))[0]
+                running[slot] = (job, *_start(job, searches[job.row.row], slot, procs, gpus))
+                _log(f"start {job.name} ({job.estimate.describe()})")
+            for slot in list(running):
+                job, pr, logf = running[slot]
+                rc = pr.poll()
+                if rc is None:
+                    continue
+                logf.close()
+                del running[slot]
+                if rc == 0 and (job.run / "results.json").is_file():
+                    res["finished"].append(job.name)
+                    archive.archive_row(job.row, PAPER, job.out, results_root)  # the record, at once
+                    meta = json.loads((job.run / "results.json").read_text()).get("meta") or {}
+                    _log(f"done {job.name}: {archive.trained_on(meta)}")
+                elif rc == EXIT_STOPPED or (sent_at is not None and rc < 0):
+                    res["interrupted"].append(job.name)
+                    _log(f"interrupted {job.name} (exit {rc}): the next call resumes it")
+                else:
+                    res["failed"][job.name] = f"exit {rc}; log {_log_path(job)}"
+                    _log(f"FAILED {job.name} (exit {rc}): see {_log_path(job)}")
+            if sent_at is not None and not running:
+                break  # stopped: what is left in the queue waits for the next call
+            if queue or running:
+                time.sleep(poll_s)
+        res["not_started"] += [j.name for j in queue]
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if mps:
+            _stop_mps()
+    return res
+
+
+def _log_path(job: Job) -> Path:
+    return job.out / ".campaign" / f"{launch.cell_config_name(job.cell.id, job.seed)}.log"
+
+
+def _start(job: Job, search: Path, slot: int, procs: int, gpus: int):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = str(slot // max(1, procs))
+    elif "OMP_NUM_THREADS" not in os.environ:  # CPU processes side by side: split the cores, no oversubscription
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, procs)))
+    log = _log_path(job)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    logf = open(log, "ab")
+    return subprocess.Popen(_command(job, search), cwd=REPO, env=env, stdout=logf, stderr=subprocess.STDOUT), logf
+
+
+def _start_mps() -> bool:
+    """Start the CUDA MPS daemon (several processes share the GPU's SMs) when it exists and is not running."""
+    ctl = shutil.which("nvidia-cuda-mps-control")
+    if ctl is None or subprocess.run(["pgrep", "-x", "nvidia-cuda-mps"], capture_output=True).returncode == 0:
+        return False
+    return subprocess.run([ctl, "-d"], capture_output=True).returncode == 0
+
+
+def _stop_mps() -> None:
+    subprocess.run(["nvidia-cuda-mps-control"], input=b"quit\n", capture_output=True)
+
+
+def link_reused(p: Plan) -> list[str]:
+    """Jobs that another row's finished identical run provides (launch.reusable_runs): linked, not trained."""
+    linked = []
+    for row_name in dict.fromkeys(j.row.row for j in p.jobs):
+        jobs = [j for j in p.jobs if j.row.row == row_name]
+        found = launch.reusable_runs([(j.cell, j.seed) for j in jobs], PAPER, jobs[0].out, list(jobs[0].overrides),
+                                     row_name)
+        for (cid, seed), src in found.items():
+            launch.link_reused(jobs[0].out, cid, seed, src)
+            linked.append(f"{row_name}/{cid}/seed{seed}")
+    p.jobs = [j for j in p.jobs if j.name not in linked]
+    p.done += linked
+    return linked
+
+
+def write_comparisons(rows: list[Row], out_root: Path | None = None, results_root: Path | None = None) -> list[Path]:
+    """Each row's paper comparison (verdicts for the cells whose seeds are all in) beside its records."""
+    from flatbnn.reproduce.compare import write_comparison
+
+    out_root = Path(out_root or launch.OUTPUT_ROOT)
+    results_root = Path(results_root or archive.ARCHIVE_ROOT)
+    return [write_comparison(row, PAPER, out=out_root / row.row / PAPER, dest=results_root / row.row) for row in rows]
+
+
+# ---------------------------------------------------------------------------------------------- chaining
+def unfinished_runs(jobs: list[Job]) -> list[Job]:
+    """The jobs with a run dir that holds a checkpoint but no results.json, most trained first."""
+    left = [j for j in jobs if not (j.run / "results.json").exists() and (j.run / "checkpoints").is_dir()
+            and not j.run.is_symlink()]
+    return sorted(left, key=lambda j: -_lines(j.run / "metrics.jsonl"))
+
+
+def _lines(f: Path) -> int:
+    return len(f.read_text().splitlines()) if f.is_file() else 0
+
+
+def _size(d: Path) -> int:
+    return sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+
+
+def write_archive(path: Path, jobs: list[Job], rows: list[Row], *, limit_mb: float = DEFAULT_LIMIT_MB,
+                  results_root: Path | None = None) -> dict:
+    """One .tgz: ``results/<row>/paper*`` (the touched rows' records and comparisons: small, always in) and
+    ``runs/<row>/<cell>/seed<k>/`` (unfinished run dirs, checkpoints included, most trained first, while the file
+    stays within ``limit_mb``). A run dir that does not fit is left out and said so: the next call starts it over.
+    Returns {"runs": [...], "left_out": {job: why}, "bytes": n}."""
+    results_root = Path(results_root or archive.ARCHIVE_ROOT)
+    limit = int(limit_mb * 1024 * 1024)
+    members: list[tuple[Path, str]] = []
+    for row in rows:
+        for f in sorted((results_root / row.row).glob(f"{PAPER}*")):
+            members.append((f, f"results/{row.row}/{f.name}"))
+    chosen, left_out = [], {}
+    runs = unfinished_runs(jobs)
+    for job in runs:
+        chosen.append(job)
+        size = _write_tgz(path, members + [(j.run, f"runs/{j.row.row}/{j.cell.id}/seed{j.seed}") for j in chosen])
+        if size > limit:
+            chosen.pop()
+            left_out[job.name] = (f"{_size(job.run) / 2**20:.1f} MB uncompressed does not fit the {limit_mb:g} MB "
+                                  f"archive: it starts over on the next machine")
+    size = _write_tgz(path, members + [(j.run, f"runs/{j.row.row}/{j.cell.id}/seed{j.seed}") for j in chosen])
+    if size > limit:
+        raise OSError(f"{path}: the records and comparisons alone take {size / 2**20:.1f} MB, over the "
+                      f"{limit_mb:g} MB limit: raise --archive-limit-mb or name fewer rows")
+    return {"runs": [j.name for j in chosen], "left_out": left_out, "bytes": size}
+
+
+def _write_tgz(path: Path, members: list[tuple[Path, str]]) -> int:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tarfile.open(tmp, "w:gz", compresslevel=6) as tar:
+        for src, arc in members:
+            tar.add(src, arcname=arc)
+    os.replace(tmp, path)
+    return path.stat().st_size
+
+
+def restore(path: Path, *, out_root: Path | None = None, results_root: Path | None = None) -> list[str]:
+    """Unpack a campaign archive: ``runs/<row>/...`` into ``<out_root>/<row>/paper/...`` (never over a run dir
+    that already finished), ``results/<row>/...`` into ``<results_root>/<row>/``. Returns the run dirs restored."""
+    out_root = Path(out_root or launch.OUTPUT_ROOT)
+    results_root = Path(results_root or archive.ARCHIVE_ROOT)
+    restored = []
+    with tarfile.open(path, "r:gz") as tar:
+        for m in tar.getmembers():
+            parts = Path(m.name).parts
+            if m.name.startswith("/") or ".." in parts or len(parts) < 2 or parts[0] not in ("runs", "results") \
+                    or not (m.isfile() or m.isdir()):
+                raise SpecError(f"{path}: unexpected member {m.name!r}: not a campaign archive")
+            if parts[0] == "runs":
+                if len(parts) < 3:
+                    continue
+                dest = out_root / parts[1] / PAPER / Path(*parts[2:])
+                run = _run_of(out_root / parts[1] / PAPER, dest)
+                if run is not None and (run / "results.json").exists():
+                    continue  # finished here already: a live run wins
+                if run is not None and str(run) not in restored:
+                    restored.append(str(run))
+            else:
+                dest = results_root / Path(*parts[1:])
+            if m.isdir():
+                dest.mkdir(parents=True, exist_ok=True)
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            data = tar.extractfile(m).read()
+            from flatbnn.engine.checkpoint import write_bytes
+            write_bytes(dest, data)
+    return restored
+
+
+def _run_of(sweep: Path, path: Path) -> Path | None:
+    """The ``.../seed<k>`` folder ``path`` is in (or is), under ``sweep``."""
+    for d in [path, *path.parents]:
+        if d.name.startswith("seed") and d.name[4:].isdigit():
+            return d
+        if d == sweep:
+            return None
+    return None
+
+
+__all__ = ["Job", "Plan", "plan", "describe", "run", "link_reused", "write_comparisons", "write_archive", "restore",
+           "unfinished_runs", "EXIT_STOPPED"]

@@ -1,0 +1,334 @@
+"""What one run of a composed cell config costs: its FLOPs (an estimate) and its wall time on a device -- from a
+MEASURED throughput where one matches, else from the FLOPs at an ASSUMED sustained rate, and it says which.
+
+Used by the cost table (scripts/estimate_cost.py), the dry runs (`scripts/reproduce.py run ... --dry-run`) and the
+campaign's queue (flatbnn/reproduce/campaign.py).
+
+Measured throughputs (images/s of training, both passes of a two-pass method included) come from
+  * ``results/bench/*.json`` (scripts/benchmark.py: the training step of a network x method x flatness on one
+    device; the newest file of each device/network/pair wins), and
+  * finished runs' records ``results/reproduce/<row>/<scale>/runs/**/results.json``: train images x epochs /
+    train_seconds, the whole training loop (per-epoch evaluation included), per device.
+A measurement matches a run when the network (name, depth, width), the method and flatness classes, the
+m-sharpness split m and the precision agree; the run's own batch size may differ (said in the basis).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from flatbnn.resources import CONFIGS_DIR
+from flatbnn.reproduce.spec import REPO
+
+BENCH_DIR = REPO / "results" / "bench"
+RECORDS_ROOT = REPO / "results" / "reproduce"
+# assumed sustained rates where nothing was measured: one A100 in bf16 on CIFAR-sized nets, ~8 % of its 312 TFLOP/s
+# dense peak (docs/cluster.md); 2 CPU cores: the MNIST MLP's measured 5,990 images/s x 3 x 1.09 MFLOP ~ 20 GFLOP/s
+ASSUMED_TFLOPS = {"gpu": 25.0, "cpu": 0.02}
+
+# (train, test) images of each data set's standard split, for configs that do not subset it.
+SPLIT_SIZES = {
+    "cifar10": (50_000, 10_000),
+    "cifar100": (50_000, 10_000),
+    "mnist": (60_000, 10_000),
+    "fashion_mnist": (60_000, 10_000),
+    "svhn": (73_257, 26_032),
+    "tinyimagenet": (100_000, 10_000),        # the labelled validation set is the test set
+    "imagenet": (1_281_167, 50_000),
+    "stanford_cars": (8_144, 8_041),
+    "flowers102": (2_040, 6_149),             # train_split=trainval (trnid + valid); `train` halves it
+    "digits": (1_437, 360),
+}
+# flatness configs (by _target_ class) and methods that take two forward/backward passes per step
+TWO_PASS_FLATNESS = {"SAM", "ASAM", "FisherSAM", "Geometry"}
+TWO_PASS_METHODS = {"BSAM", "VariationalSAM"}
+
+
+class CostError(ValueError):
+    """Bad input (unknown row, missing markers, a cell that does not compose): one line, exit 2."""
+
+
+# ---------------------------------------------------------------------------------------------- FLOPs
+def forward_flops(model, input_shape) -> int:
+    """FLOPs of one forward pass of ``model`` on one input of ``input_shape`` (no batch dimension)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model.eval()
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(torch.zeros(1, *input_shape))
+    return int(counter.get_total_flops())
+
+
+@functools.cache
+def _network_flops(model_json: str, shape: tuple[int, ...]) -> int:
+    # keyed on the resolved model config: cells of a row share networks, and WRN-28-10 / ViT-B take seconds to build
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    return forward_flops(instantiate(OmegaConf.create(json.loads(model_json))), shape)
+
+
+def _target_class(group_cfg) -> str:
+    return str((group_cfg or {}).get("_target_", "")).rsplit(".", 1)[-1]
+
+
+@dataclass
+class RunCost:
+    """The cost of one run (one cell, one seed) and what it was computed from."""
+    network: str
+    dataset: str
+    forward_flops: int
+    train_images: int
+    test_images: int
+    epochs: int
+    passes: int
+    members: int
+    samples: int
+
+    @property
+    def train_flops(self) -> float:
+        return 3.0 * self.forward_flops * self.train_images * self.epochs * self.passes * self.members
+
+    @property
+    def eval_flops(self) -> float:
+        return float(self.forward_flops) * self.test_images * self.samples
+
+    @property
+    def flops(self) -> float:
+        return self.train_flops + self.eval_flops
+
+
+def split_sizes(ds) -> tuple[int, int]:
+    """(train, test) images a run of data-set config ``ds`` uses: its subsets where set, else the standard split."""
+    standard = SPLIT_SIZES.get(ds.name)
+    if standard is None and not (ds.get("train_subset") and ds.get("test_subset")):
+        raise CostError(f"no standard split size for dataset {ds.name!r}: add it to SPLIT_SIZES in "
+                        f"flatbnn/reproduce/cost.py")
+    n_train = ds.get("train_subset") or standard[0]
+    if ds.name == "flowers102" and ds.get("train_split") == "train" and not ds.get("train_subset"):
+        n_train = 1_020
+    n_train -= int(ds.get("val_split") or 0)
+    return int(n_train), int(ds.get("test_subset") or standard[1])
+
+
+def run_cost(cfg) -> RunCost:
+    """The cost of one run of a composed config."""
+    from omegaconf import OmegaConf
+
+    ds = cfg.dataset
+    size = ds.get("image_size")
+    shape = tuple(int(s) for s in ds.input_shape)
+    if size:  # served at S x S (e.g. CIFAR at 224 for a ViT)
+        shape = (shape[0], int(size), int(size))
+    model_json = json.dumps(OmegaConf.to_container(cfg.model, resolve=True), sort_keys=True)
+    n_train, n_test = split_sizes(ds)
+    method = cfg.method
+    two_pass = (_target_class(cfg.get("flatness")) in TWO_PASS_FLATNESS
+                or _target_class(method) in TWO_PASS_METHODS)
+    return RunCost(network=str(cfg.model.get("name", _target_class(cfg.model))), dataset=str(ds.name),
+                   forward_flops=_network_flops(model_json, shape), train_images=n_train,
+                   test_images=n_test, epochs=int(cfg.trainer.epochs), passes=2 if two_pass else 1,
+                   members=int(method.get("num_members") or 1),
+                   # a deep ensemble predicts with each member once (its num_samples is its num_members)
+                   samples=max(1, int(method.get("num_samples") or method.get("num_members") or 1)))
+
+
+# ---------------------------------------------------------------------------------------------- measured rates
+def device_slug(name: str | None) -> str:
+    """'cpu', or a GPU's name in lower case with words joined by '-' (as results/bench/ file names)."""
+    if not name or name == "cpu":
+        return "cpu"
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def this_device() -> str:
+    """This machine's device slug: its first GPU's, else 'cpu'."""
+    import torch
+
+    return device_slug(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else "cpu"
+
+
+NETWORK_KEYS = ("depth", "widen_factor", "hidden", "variant", "stage_blocks")  # the size keys of configs/model/
+
+
+def _network(model: dict, input_shape) -> str:
+    """A network's identity across configs: name, size keys, input shape (e.g. 'wrn-28-2@3x32x32')."""
+    parts = [str(model.get("name") or _target_class(model))]
+    parts += [str(model[k]) for k in NETWORK_KEYS if model.get(k) is not None]
+    return "-".join(parts).replace(" ", "") + "@" + "x".join(str(int(s)) for s in input_shape or [])
+
+
+def _input_shape(ds: dict) -> list:
+    shape = list(ds.get("input_shape") or [])
+    size = ds.get("image_size")
+    return [shape[0], size, size] if size and shape else shape
+
+
+def work_key(cfg: dict) -> tuple:
+    """What a throughput depends on, of a run config (a composed config as a dict, or a config_resolved.yaml):
+    (network, method class, flatness class, m-sharpness split, precision)."""
+    method, flat = cfg.get("method") or {}, cfg.get("flatness") or {}
+    m = flat.get("m") or method.get("m") or 1
+    return (_network(cfg.get("model") or {}, _input_shape(cfg.get("dataset") or {})), _target_class(method), _target_class(flat), int(m),
+            str((cfg.get("trainer") or {}).get("precision", "fp32")))
+
+
+@dataclass(frozen=True)
+class Rate:
+    images_per_s: float
+    basis: str          # where the number came from, e.g. "measured: results/bench/<file> map+sam_m8 (batch 200)"
+    measured: bool
+
+
+def _bench_pairs() -> dict[str, tuple[str, str, int]]:
+    """scripts/benchmark.py's labels -> (method class, flatness class, m): the objects that script builds."""
+    import importlib.util
+    import sys
+
+    path = REPO / "scripts" / "benchmark.py"
+    if not path.is_file():  # an installed package ships no scripts/: no benchmark matches, estimates are assumed
+        return {}
+    spec = importlib.util.spec_from_file_location("_flatbnn_benchmark", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("_flatbnn_benchmark", mod)
+    spec.loader.exec_module(mod)
+    out = {}
+    for mname, make_method in mod.METHODS.items():
+        method = make_method()
+        for fname, make_flat in mod.FLATNESS.items():
+            flat = make_flat()
+            m = getattr(flat, "m", None) or getattr(method, "m", None) or 1
+            out[f"{mname}+{fname}"] = (type(method).__name__, type(flat).__name__, int(m))
+    return out
+
+
+def measured_rates(bench_dir: Path | None = None, records_root: Path | None = None) -> dict[tuple, list[Rate]]:
+    """{(device slug, work key): [Rate, ...]} from every benchmark file and every finished run's record."""
+    return _measured_rates(Path(bench_dir or BENCH_DIR), Path(records_root or RECORDS_ROOT))
+
+
+@functools.lru_cache(maxsize=4)
+def _measured_rates(bench_dir: Path, records_root: Path) -> dict[tuple, list[Rate]]:
+    rates: dict[tuple, list[Rate]] = {}
+    bench_files = sorted(Path(bench_dir).glob("*.json"))
+    pairs = _bench_pairs() if bench_files else {}
+    newest: dict[tuple, tuple[str, Rate]] = {}
+    for f in bench_files:
+        try:
+            b = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        st = b.get("settings") or {}
+        model_file = CONFIGS_DIR / "model" / f"{st.get('model')}.yaml"
+        if not model_file.is_file() or (b.get("device") or {}).get("type") != "cuda" and st.get("smoke"):
+            continue
+        net = _network(yaml.safe_load(model_file.read_text()) or {}, st.get("input_shape"))
+        slug = (b.get("device") or {}).get("slug") or "cpu"
+        for label, r in (b.get("rows") or {}).items():
+            if r.get("kind") != "step" or label not in pairs or not r.get("images_per_s"):
+                continue
+            key = (slug, (net, *pairs[label], str(st.get("precision", "fp32"))))
+            rate = Rate(float(r["images_per_s"]), f"measured: {f.relative_to(REPO) if f.is_relative_to(REPO) else f} "
+                        f"{label} step, batch {st.get('batch_size')}", True)
+            if key not in newest or str(b.get("date")) >= newest[key][0]:
+                newest[key] = (str(b.get("date")), rate)
+    for key, (_, rate) in newest.items():
+        rates.setdefault(key, []).append(rate)
+    for res in sorted(Path(records_root).glob("*/*/runs/**/results.json")):
+        cfg_file = res.parent / "config_resolved.yaml"
+        try:
+            meta = json.loads(res.read_text())["meta"]
+            cfg = yaml.safe_load(cfg_file.read_text()) or {}
+            b, secs = meta["budget"], float(meta["train_seconds"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if secs <= 0 or meta.get("evaluated_from"):
+            continue
+        hw = meta.get("hardware") or {}
+        members = int((cfg.get("method") or {}).get("num_members") or 1)
+        images = float(b["train_size"]) * float(b["epochs"]) * members
+        where = res.parent.relative_to(records_root) if res.is_relative_to(records_root) else res.parent
+        rates.setdefault((device_slug(hw.get("gpu") if hw.get("device") == "cuda" else "cpu"), work_key(cfg)),
+                         []).append(Rate(images / secs, f"measured: {_cores(hw)}cpu run {where}"
+                                         if hw.get("device") != "cuda" else f"measured: run {where}", True))
+    return rates
+
+
+def _cores(hw: dict) -> str:
+    return f"{hw['cpu_count']}-" if hw.get("cpu_count") else ""
+
+
+def rate_for(cfg: dict, device: str) -> Rate:
+    """The measured training throughput of run config ``cfg`` on ``device`` (a slug): the median of the matching
+    measurements (CostError if none: then ``estimate`` assumes a FLOP rate)."""
+    found = measured_rates().get((device, work_key(cfg)))
+    if not found:
+        raise CostError(f"no measured throughput on {device} for {work_key(cfg)}")
+    bases = sorted({r.basis for r in found})
+    basis = bases[0] if len(bases) == 1 else \
+        f"measured: median of {len(found)}, e.g. {bases[0].removeprefix('measured: ')}"
+    return Rate(statistics.median(r.images_per_s for r in found), basis, True)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    seconds: float
+    rate: Rate
+
+    def describe(self) -> str:
+        return f"~{fmt_duration(self.seconds)} ({self.rate.basis})"
+
+
+def estimate(cfg, device: str) -> Estimate:
+    """The wall time of one run of composed config ``cfg`` (DictConfig) on ``device``. Measured rate: its training
+    images x epochs (x ensemble members) at that rate, plus the final evaluation at a third of a training step per
+    image and predictive sample (one forward instead of forward + backward). Assumed rate: its FLOPs (run_cost:
+    training and evaluation) at the device kind's assumed TFLOP/s -- the cost table's A100-hours."""
+    from omegaconf import OmegaConf
+
+    plain = OmegaConf.to_container(cfg, resolve=False)
+    found = measured_rates().get((device, work_key(plain)))
+    n_train, n_test = split_sizes(cfg.dataset)
+    members = int(cfg.method.get("num_members") or 1)
+    if found:
+        rate = rate_for(plain, device)
+        samples = max(1, int(cfg.method.get("num_samples") or members))
+        work = n_train * int(cfg.trainer.epochs) * members + n_test * samples / 3.0
+        return Estimate(work / rate.images_per_s, rate)
+    rc = run_cost(cfg)
+    kind = "cpu" if device == "cpu" else "gpu"
+    seconds = rc.flops / (ASSUMED_TFLOPS[kind] * 1e12)
+    return Estimate(seconds, Rate(rc.train_images * rc.epochs * rc.members / seconds,
+                                  f"assumed: {ASSUMED_TFLOPS[kind]:g} TFLOP/s on {device}", False))
+
+
+def fmt_duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def job_estimates(row, scale: str, config_names: list[str], extra: list[str], device: str) -> list[tuple[str, Estimate]]:
+    """``[(cell/seed<k>, Estimate)]`` for the launcher's generated cell configs ``config_names`` of a train row
+    (the dry run of ``scripts/reproduce.py run``): each cell composed once with the command-line extras."""
+    from flatbnn.reproduce.launch import cell_config_name, compose_cell
+
+    out, by_cell = [], {}
+    for cell in row.cells_for(scale):
+        for seed in cell.seeds:
+            if cell_config_name(cell.id, seed) not in config_names:
+                continue
+            if cell.id not in by_cell:
+                by_cell[cell.id] = estimate(compose_cell(list(cell.overrides) + list(extra)), device)
+            out.append((f"{cell.id}/seed{seed}", by_cell[cell.id]))
+    return out

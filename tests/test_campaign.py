@@ -1,0 +1,249 @@
+"""scripts/campaign.py: a budget that interrupts a cell, the archive that carries it to a fresh machine, and the
+resumed run that ends with the uninterrupted run's metrics and config (flatbnn/reproduce/campaign.py); the
+throughput table the queue and the dry runs read (flatbnn/reproduce/cost.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers import REPO
+
+from flatbnn.reproduce import archive, campaign, cost, launch, spec
+from flatbnn.reproduce.aggregate import config_key
+
+BASE = ["dataset=digits", "model=mlp", "trainer.progress=false", "trainer.reliability_diagram=false",
+        "trainer.batch_size=64", "trainer.limit_train_batches=2", "trainer.checkpoint_every=0"]
+LONG_EPOCHS = 30
+
+
+def _row(rows_dir: Path, scale: str = "paper") -> None:
+    """Two digits/MLP cells at ``scale``: a 1-epoch one (cheaper: queued first) and a long one."""
+    (rows_dir / "tiny.yaml").write_text(yaml.safe_dump(
+        {"row": "tiny", "paper": "none", "title": "tiny", "kind": "train", "axes": ["method"], "base": BASE,
+         "values": {"method": {"short": ["trainer.epochs=1"], "long": [f"trainer.epochs={LONG_EPOCHS}"]}},
+         "seeds": [0], "scales": {scale: {"overrides": []}, "smoke": {"overrides": []}}}))
+
+
+def _clock_stopping_when(cond):
+    """A monotonic clock that jumps past any deadline once ``cond()`` holds: the budget runs out at a known point
+    of the run (after the short cell finished and the long one trained an epoch) on a loaded 2-core machine too."""
+    def clock():
+        return time.monotonic() + (1e9 if cond() else 0.0)
+    return clock
+
+
+def test_budget_interrupts_a_cell_and_the_archive_finishes_it_elsewhere_with_the_uninterrupted_metrics(
+        tmp_path, monkeypatch, capsys):
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    monkeypatch.setattr(launch, "OUTPUT_ROOT", tmp_path / "unused")
+    monkeypatch.setattr(archive, "ARCHIVE_ROOT", tmp_path / "unused_records")
+    monkeypatch.setattr(cost, "RECORDS_ROOT", tmp_path / "no_records")
+    _row(rows_dir)
+    out1, res1 = tmp_path / "m1" / "outputs", tmp_path / "m1" / "results"
+    p = campaign.plan(["tiny"], device="cpu", out_root=out1, results_root=res1)
+    assert [j.name for j in p.jobs] == ["tiny/short/seed0", "tiny/long/seed0"]   # cheapest first
+    long_run = p.jobs[1].run
+    stop = _clock_stopping_when(lambda: (p.jobs[0].run / "results.json").exists() and
+                                (long_run / "metrics.jsonl").is_file() and
+                                len((long_run / "metrics.jsonl").read_text().splitlines()) >= 1)
+    r = campaign.run(p, budget_s=3600, procs=1, margin_s=30, results_root=res1, poll_s=0.05, clock=stop)
+    assert r["finished"] == ["tiny/short/seed0"] and r["interrupted"] == ["tiny/long/seed0"] and r["stopped"]
+    assert not (long_run / "results.json").exists() and (long_run / "checkpoints" / "last.pt").is_file()
+    done_epochs = len((long_run / "metrics.jsonl").read_text().splitlines())
+    assert 1 <= done_epochs < LONG_EPOCHS
+    rec = archive.record_dir(res1, "tiny", "paper", "short", 0)
+    assert "torch" in json.loads((rec / "record.json").read_text())["trained_on"]  # device, torch, commit
+    tgz = tmp_path / "chain.tgz"
+    a = campaign.write_archive(tgz, p.jobs, [spec.load_row("tiny")], results_root=res1)
+    assert a["runs"] == ["tiny/long/seed0"] and not a["left_out"] and a["bytes"] < 16 * 2**20
+
+    # a fresh machine: nothing but the archive; the command line restores it, trains only the long cell (the short
+    # one's record counts), writes the comparison and the next archive
+    out2, res2 = tmp_path / "m2" / "outputs", tmp_path / "m2" / "results"
+    sys.path.insert(0, str(REPO / "scripts"))
+    import campaign as campaign_cli
+
+    tgz2 = tmp_path / "chain2.tgz"
+    assert campaign_cli.main(["--rows", "tiny", "--minutes", "60", "--device", "cpu", "--procs", "1", "--restore",
+                              str(tgz), "--archive-out", str(tgz2), "--out", str(out2), "--results", str(res2)]) == 0
+    err = capsys.readouterr().err
+    assert "restored 1 unfinished run(s)" in err and "1 jobs queued, 1 already done" in err
+    assert "1 finished, 0 interrupted (resumable), 0 failed, 0 not started" in err
+    assert "**Progress: 2/2 cells done" in (res2 / "tiny" / "paper.md").read_text()
+    with tarfile.open(tgz2) as t:  # nothing left unfinished: only the records and the comparison travel on
+        assert not [n for n in t.getnames() if n.startswith("runs/")] and "results/tiny/paper.md" in t.getnames()
+    log = (out2 / "tiny" / "paper" / ".campaign" / "long__s0.log").read_text()
+    assert "resum" in log.lower(), log[-2000:]   # it continued from the checkpoint, not from scratch
+
+    # the uninterrupted reference: what `scripts/reproduce.py run tiny --scale paper` does
+    ref = tmp_path / "ref"
+    s = launch.launch(spec.load_row("tiny"), "paper", out=ref)
+    assert s["returncode"] == 0
+    for cell, run in [("short", archive.record_dir(res2, "tiny", "paper", "short", 0)),
+                      ("long", out2 / "tiny" / "paper" / "long" / "seed0")]:
+        got, want = (json.loads((d / "results.json").read_text()) for d in (run, ref / cell / "seed0"))
+        untimed = [{k: v for k, v in r["metrics"].items() if not k.endswith("_seconds")} for r in (got, want)]
+        assert untimed[0] == untimed[1] and "accuracy" in untimed[0], cell
+        # the same composed config as the launcher's (scheduling changed, no hyperparameter)
+        cfg_got, cfg_want = (yaml.safe_load((d / "config_resolved.yaml").read_text()) for d in (run, ref / cell / "seed0"))
+        assert config_key(cfg_got) == config_key(cfg_want), cell
+        assert cfg_got["trainer"]["epochs"] == (1 if cell == "short" else LONG_EPOCHS)
+
+
+def test_archive_leaves_out_what_does_not_fit_and_restore_refuses_foreign_members(tmp_path, monkeypatch):
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    _row(rows_dir)
+    row = spec.load_row("tiny")
+    out = tmp_path / "outputs"
+    jobs = [campaign.Job(row, c, 0, None, out / "tiny" / "paper", []) for c in row.cells_for("paper")]
+    for j in jobs:       # random bytes: a checkpoint does not compress either
+        size = {"short": 200_000, "long": 3_000_000}[j.cell.id]
+        (j.run / "checkpoints").mkdir(parents=True)
+        (j.run / "checkpoints" / "last.pt").write_bytes(os.urandom(size))
+    (tmp_path / "results" / "tiny").mkdir(parents=True)
+    (tmp_path / "results" / "tiny" / "paper.md").write_text("# table\n")
+    tgz = tmp_path / "a.tgz"
+    a = campaign.write_archive(tgz, jobs, [row], limit_mb=1, results_root=tmp_path / "results")
+    assert a["runs"] == ["tiny/short/seed0"] and list(a["left_out"]) == ["tiny/long/seed0"]
+    assert "does not fit the 1 MB archive" in a["left_out"]["tiny/long/seed0"] and tgz.stat().st_size <= 2**20
+    with tarfile.open(tgz) as t:
+        assert "results/tiny/paper.md" in t.getnames()
+    evil = tmp_path / "evil.tgz"
+    with tarfile.open(evil, "w:gz") as t:
+        t.add(tmp_path / "results" / "tiny" / "paper.md", arcname="runs/../../etc/x")
+    with pytest.raises(spec.SpecError, match="not a campaign archive"):
+        campaign.restore(evil, out_root=tmp_path / "o", results_root=tmp_path / "r")
+
+
+def test_a_run_record_is_a_measured_rate_and_an_unmatched_config_is_assumed(tmp_path):
+    run = tmp_path / "records" / "row" / "cpu" / "runs" / "a" / "seed0"
+    run.mkdir(parents=True)
+    cfg = {"model": {"name": "mlp"}, "method": {"_target_": "flatbnn.methods.MAP"},
+           "flatness": {"_target_": "flatbnn.flatness.SAM", "m": None}, "trainer": {"precision": "fp32"}}
+    (run / "config_resolved.yaml").write_text(yaml.safe_dump(cfg))
+    (run / "results.json").write_text(json.dumps({"meta": {
+        "budget": {"train_size": 1000, "epochs": 4}, "train_seconds": 8.0,
+        "hardware": {"device": "cpu", "cpu_count": 2}}}))
+    rates = cost.measured_rates(tmp_path / "no_bench", tmp_path / "records")
+    [r] = rates[("cpu", cost.work_key(cfg))]
+    assert r.measured and r.images_per_s == pytest.approx(500.0)   # 1000 images x 4 epochs / 8 s
+    assert ("nvidia-h200", cost.work_key(cfg)) not in rates          # a CPU record says nothing about a GPU
+
+
+def test_a_paper_cell_gets_its_verdict_when_all_its_seeds_are_in_and_the_board_counts_it(tmp_path, monkeypatch):
+    from test_reproduce import _fake_run
+
+    from flatbnn.reproduce import compare, status
+
+    row = spec.load_row("flatbnn_t2")
+    out = tmp_path / "out"
+    for s in range(3):  # paper: F-SWAG WRN-28-10 acc 97.09 ± 0.14 -> ours within; SWAG all seeds far below: outside
+        _fake_run(out, "wrn28x10/f_swag", s, 0.9709 + 0.0001 * s, 0.0883, ece=0.0036)
+        _fake_run(out, "wrn28x10/swag", s, 0.90, 0.30, ece=0.05)
+    _fake_run(out, "preresnet164/swag", 0, 0.96, 0.12)  # 1 of 3 seeds: no verdict yet
+    c = compare.build(row, "paper", out)
+    rec = {(r["cell"], r["metric"]): r for r in c["table"]}
+    assert rec[("wrn28x10/f_swag", "accuracy")]["verdict"] == "within"
+    assert rec[("wrn28x10/f_swag", "accuracy")]["verdict_seeds"] == 3
+    assert "verdict" not in rec[("preresnet164/swag", "accuracy")]  # 1/3 seeds
+    pr = compare.paper_progress(c)
+    assert (pr["cells"], pr["done"], pr["within"], pr["outside"]) == (20, 2, 1, 1)
+    assert compare.progress_sentence(pr) == "2/20 cells done: 1 within the paper's spread, 1 outside"
+    md = compare.to_markdown(c)
+    assert "within (3 seeds)" in md and "**Progress: 2/20 cells done" in md
+    monkeypatch.setattr(status, "RESULTS_ROOT", tmp_path / "results")
+    (tmp_path / "results" / "flatbnn_t2").mkdir(parents=True)
+    (tmp_path / "results" / "flatbnn_t2" / "paper.json").write_text(json.dumps(c))
+    (tmp_path / "results" / "bsam_t6").mkdir(parents=True)
+    (tmp_path / "results" / "bsam_t6" / "cpu.json").write_text(json.dumps(
+        {"jobs": {"a": {"0": "done"}}, "budget": {"commits": ["abc"], "train_hours": 1.081}}))
+    text = status.render()
+    assert "**Paper scale: 2 of " in text and "in 1 rows; 1 within the paper's spread, 1 outside**" in text
+    line = next(x for x in text.splitlines() if x.startswith("| `flatbnn_t2`"))
+    assert line.rstrip(" |").endswith("2/20 cells done: 1 within the paper's spread, 1 outside @ abcdef12")
+    t6 = next(x for x in text.splitlines() if x.startswith("| `bsam_t6`"))
+    assert "1.08 CPU-h of training" in t6 and t6.endswith("| not run (0/14 cells) |")  # its numbers are lost: ours
+
+
+def test_dry_runs_estimate_each_job_measured_where_a_record_matches_else_assumed(tmp_path, monkeypatch, capsys):
+    sys.path.insert(0, str(REPO / "scripts"))
+    import campaign as campaign_cli
+    import reproduce as reproduce_cli
+
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    monkeypatch.setattr(launch, "OUTPUT_ROOT", tmp_path / "outputs")
+    monkeypatch.setattr(archive, "ARCHIVE_ROOT", tmp_path / "records")
+    monkeypatch.setattr(cost, "RECORDS_ROOT", tmp_path / "records")
+    _row(rows_dir, "cpu")
+    # a finished cpu run of the long cell on this kind of machine: 2 batches x 64 images x 30 epochs in 3 s
+    run = archive.record_dir(tmp_path / "records", "tiny", "cpu", "long", 1)
+    run.mkdir(parents=True)
+    cfg = launch.compose_cell(next(c.overrides for c in spec.load_row("tiny").cells_for("cpu") if c.id == "long"))
+    from omegaconf import OmegaConf
+    (run / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg))
+    (run / "results.json").write_text(json.dumps({"meta": {"budget": {"train_size": 128, "epochs": 30},
+                                                           "train_seconds": 3.0, "hardware": {"device": "cpu"}}}))
+    assert reproduce_cli.main(["run", "tiny", "--scale", "cpu", "--dry-run", "--estimate-on", "cpu"]) == 0
+    err = capsys.readouterr().err
+    long_line = next(x for x in err.splitlines() if x.strip().startswith("long/seed0:"))
+    # 1,280 images/s measured; digits: (1,437 train images x 30 epochs + 360 test images / 3) / 1,280 = 33.8 s
+    assert long_line.strip() == "long/seed0: ~34 s (measured: cpu run tiny/cpu/runs/long/seed1)"
+    assert "short/seed0: ~1 s (measured: " in err  # the same network, method and flatness: the same rate
+    assert "2 jobs: ~35 s of training on cpu one after another (2 at a measured rate, 0 assumed" in err
+    assert reproduce_cli.main(["run", "tiny", "--scale", "cpu", "--dry-run", "--estimate-on", "nvidia-h200"]) == 0
+    assert "(0 at a measured rate, 2 assumed" in capsys.readouterr().err   # a CPU run says nothing about a GPU
+    # the campaign's dry run (paper scale) lists its queue the same way
+    _row(rows_dir, "paper")
+    assert campaign_cli.main(["--rows", "tiny", "--minutes", "10", "--dry-run", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "2 jobs queued" in out and "tiny/short/seed0: ~" in out and "tiny/long/seed0: ~" in out
+
+
+def test_each_cell_gets_the_data_root_of_its_own_data_set_and_a_missing_one_skips_it(tmp_path, monkeypatch):
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    monkeypatch.setattr(cost, "RECORDS_ROOT", tmp_path / "no_records")
+    (rows_dir / "mixed.yaml").write_text(yaml.safe_dump(
+        {"row": "mixed", "paper": "none", "title": "mixed", "kind": "train", "axes": ["dataset"], "base": ["model=mlp"],
+         "values": {"dataset": {"digits": ["dataset=digits"], "mnist": ["dataset=mnist"]}}, "seeds": [0],
+         "scales": {"paper": {"overrides": []}, "smoke": {"overrides": []}}}))
+    p = campaign.plan(["mixed"], device="cpu", data={"mnist": str(tmp_path / "no_mnist_here")},
+                      out_root=tmp_path / "o", results_root=tmp_path / "r")
+    assert [j.name for j in p.jobs] == ["mixed/digits/seed0"] and p.jobs[0].overrides == []  # embedded: no root
+    [(what, why, est)] = p.skipped
+    assert what == "mixed/mnist" and "needs data set mnist" in why and "no_mnist_here" in why and "assumed" in est
+
+
+def test_a_budget_spent_before_a_job_starts_leaves_the_queue_for_the_next_call(tmp_path, monkeypatch):
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    _row(rows_dir)
+    row = spec.load_row("tiny")
+    est = cost.Estimate(1.0, cost.Rate(1.0, "assumed: test", False))
+    p = campaign.Plan("cpu", jobs=[campaign.Job(row, c, 0, est, tmp_path / "o", []) for c in row.cells_for("paper")])
+    calls = []
+
+    def late_clock():  # always past the deadline; a loop that never ends would call it for ever
+        calls.append(1)
+        assert len(calls) < 100, "the campaign kept polling after the budget was spent"
+        return 1e12
+
+    r = campaign.run(p, budget_s=60, margin_s=10, poll_s=0.001, clock=late_clock, started=0.0)
+    assert r["stopped"] and not r["finished"] and sorted(r["not_started"]) == ["tiny/long/seed0", "tiny/short/seed0"]
+    assert not (tmp_path / "o").exists()  # nothing started

@@ -32,6 +32,7 @@ from flatbnn.engine.checkpoint import (CheckpointError, RunDirLock, RunDirLocked
 from flatbnn.engine.compiling import compile_model, save_compile_cache
 from flatbnn.engine.loggers import JsonlLogger
 from flatbnn.engine.provenance import git_commit, hardware
+from flatbnn.engine.report import RunReport, report_final, report_start
 from flatbnn.engine.trainer import Trainer
 from flatbnn.methods.base import RunContext
 from flatbnn.reproduce.aggregate import flatten  # {'a': {'b': 1}} -> {'a.b': 1} (light: no torch)
@@ -371,7 +372,7 @@ def results_meta(b: Built, *, steps: int, train_seconds: float, wall_seconds: fl
 # fast it goes -- not what it computes. Any other difference between the config a run dir was started with
 # and the rerun's is refused (the rerun would continue the old run under the new label); listing the key in
 # trainer.resume_overrides applies the change deliberately instead.
-RESUME_EXEMPT = ("trainer.resume", "trainer.resume_overrides", "trainer.init_from", "trainer.init_key",
+RESUME_EXEMPT = ("print_config", "trainer.resume", "trainer.resume_overrides", "trainer.init_from", "trainer.init_key",
                  "trainer.progress", "trainer.num_workers", "trainer.eval_batch_size", "trainer.eval_sample_chunk",
                  "trainer.eval_every", "trainer.checkpoint_every", "trainer.reliability_diagram", "logger",
                  "dataset.root", "dataset.clean_root", "dataset.download", "dataset.ood_roots",
@@ -595,6 +596,8 @@ def _train_and_evaluate(b: Built, claim: "Claim", t_start: float, git_start: dic
         for lg_cfg in (cfg.logger or {}).values():
             if lg_cfg is not None and "_target_" in lg_cfg:
                 trainer.loggers.append(instantiate(lg_cfg, _partial_=True)(run_dir=run_dir, run_config=container))
+    report = RunReport(run_dir, enabled=info.is_main)  # start / final lines and warnings, also in train.log
+    report_start(report, b, _model_name(cfg))
 
     def evaluate_epoch() -> dict:
         name, loader, targets = (("val", b.val_loader, b.val_targets) if b.val_loader is not None
@@ -617,7 +620,8 @@ def _train_and_evaluate(b: Built, claim: "Claim", t_start: float, git_start: dic
         save_compile_cache(b.device, tc.get("compile_cache"))
 
     # ---------------------------------------------------------------- final evaluation
-    metrics, predictive = final_evaluate(b)
+    with report:  # the final evaluation's warnings go to train.log too
+        metrics, predictive = final_evaluate(b)
     results = None
     if info.is_main:
         meta = results_meta(b, steps=trainer.global_step, train_seconds=trainer.elapsed,
@@ -627,6 +631,7 @@ def _train_and_evaluate(b: Built, claim: "Claim", t_start: float, git_start: dic
             meta["resume_changes"] = history
         results = {"metrics": metrics, "meta": meta}
         write_json(run_dir / "results.json", results)
+        report_final(report, b, results, run_dir / "results.json")
         for lg in trainer.loggers:
             lg.log_results(results)
             lg.finish()

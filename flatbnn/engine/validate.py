@@ -174,6 +174,37 @@ def check_unknown_keys(cfg: DictConfig) -> None:
                 raise ConfigError(f"{group}.{k}: no such key in {group}{_closest(str(k), known)}")
 
 
+def _image_side(shape) -> int | None:
+    return min(int(s) for s in shape[1:]) if shape is not None and len(shape) == 3 else None
+
+
+def check_model_data(cfg: DictConfig) -> None:
+    """A network meant for larger images than the data set has (``model.min_input_size``, e.g. WRN-28-10 on the
+    8x8 digits, the default data set) is refused with the fix: the data it is meant for, and where they come from."""
+    need = OmegaConf.select(cfg, "model.min_input_size", default=None)
+    try:
+        shape = OmegaConf.select(cfg, "model.input_shape", default=None)
+    except Exception:  # an interpolation that does not resolve is reported where it is used
+        return
+    side = _image_side(shape)
+    if need is None or side is None or side >= int(need):
+        return
+    from hydra.core.hydra_config import HydraConfig  # the group choice (wrn28x10), not the family (wrn)
+    model = (HydraConfig.get().runtime.choices.get("model") if HydraConfig.initialized() else None) \
+        or OmegaConf.select(cfg, "model.name")
+    fits = []
+    for f in sorted((CONFIGS / "dataset").glob("*.yaml")):
+        s = _image_side(OmegaConf.load(f).get("input_shape"))
+        if s is not None and s >= int(need):
+            fits.append(f.stem)
+    data = "cifar10" if "cifar10" in fits else (fits[0] if fits else "<a data set>")
+    raise ConfigError(
+        f"model={model} is meant for images of at least {need}x{need} px (model.min_input_size) and "
+        f"dataset={cfg.dataset.name} has {side}x{side}: train it on its data, e.g. dataset={data} "
+        f"dataset.root=<folder or .tar.gz holding it> (docs/data.md says where to get each; data sets it fits: "
+        f"{', '.join(fits)}), or use model=mlp on {cfg.dataset.name}; model.min_input_size=null trains it anyway")
+
+
 def check_device(cfg: DictConfig) -> None:
     spec = str(OmegaConf.select(cfg, "trainer.device", default="auto"))
     if spec == "auto":
@@ -222,10 +253,11 @@ def validate_config(cfg: DictConfig, run_dir: Path | None = None, *, rank: int |
     rank = int(os.environ.get("RANK", "0")) if rank is None else rank
     check_unknown_keys(cfg)
     check_values(cfg)
+    check_model_data(cfg)
     check_device(cfg)
     if run_dir is not None and rank == 0:
         check_writable(run_dir)
 
 
-__all__ = ["ConfigError", "RULES", "check_device", "check_unknown_keys", "check_values", "check_writable",
+__all__ = ["ConfigError", "RULES", "check_device", "check_model_data", "check_unknown_keys", "check_values", "check_writable",
            "validate_config"]

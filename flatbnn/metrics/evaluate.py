@@ -9,7 +9,6 @@ the predictive metrics plus, for multi-sample methods, the mean single-sample me
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass
 
@@ -135,7 +134,8 @@ def _nonfinite_rows(x: torch.Tensor) -> int:
 
 
 def _warn(line: str) -> None:
-    print(f"flatbnn: warning: {line}", file=sys.stderr)
+    from flatbnn.engine.report import warn  # also into the running run's train.log
+    warn(line)
 
 
 def _metrics(log_probs: torch.Tensor, targets: torch.Tensor, cfg: EvalConfig, warn: bool = True) -> dict:

@@ -47,9 +47,12 @@ def create_model(
     name: str,
     num_classes: int,
     input_shape: Sequence[int] | None = None,
+    min_input_size: int | None = None,
     **kw: Any,
 ) -> nn.Module:
-    """Build the registered model ``name``; ``input_shape`` is per example, e.g. (3, 32, 32)."""
+    """Build the registered model ``name``; ``input_shape`` is per example, e.g. (3, 32, 32).
+    ``min_input_size`` (the config's declaration of the data a network is meant for) is checked before
+    anything is built, by ``flatbnn.engine.validate.check_model_data``; the builder does not take it."""
     if name not in _MODELS:
         raise KeyError(f"unknown model {name!r}; registered: {', '.join(list_models())}")
     if input_shape is not None:

@@ -57,6 +57,8 @@ IGNORED_KEYS = (
     "dataset.download",
     "logger",                                 # console / wandb: where numbers are shown, not what they are
     "reproduce",                              # the reproduction runner's row / cell / scale labels
+    "print_config",                           # display only
+    "model.min_input_size",                   # a check of the data a network is meant for, not what it computes
 )
 # meta keys in the group key (besides the config): what was actually run and how it was measured
 META_KEYS = ("dataset", "model", "method", "flatness", "epochs", "budget", "metric_conventions")

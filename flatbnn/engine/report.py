@@ -1,0 +1,148 @@
+"""What a run says about itself, on the console and in ``<run dir>/train.log``, whatever ``trainer.progress`` is:
+
+* the start-up line: data set, model and its parameter count, method x flatness, epochs x steps, device, run dir;
+* the resolved config tree, once, when ``print_config=true`` (as lightning-hydra-template's ``print_config``);
+* warnings: a posterior built from fewer than 2 weight snapshots, a run that ends at chance accuracy, and any
+  other ``warn(...)`` of the engine (non-finite predictions);
+* the final line: the final predictive's accuracy / NLL / ECE and the path of ``results.json``.
+
+Info lines go to stdout, warnings to stderr; both are appended to ``train.log`` (the file Hydra names after the
+script, which nothing else writes). Only rank 0 reports.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+LOG_NAME = "train.log"
+# a run within this many binomial standard errors of 1/K test accuracy learned nothing (the rows' "at chance",
+# flatbnn/reproduce/compare.py, uses the same threshold)
+CHANCE_SE = 3.0
+
+_active: "RunReport | None" = None  # the report of the run in progress: where ``warn`` also writes
+
+
+def warn(line: str) -> None:
+    """``flatbnn: warning: <line>`` on stderr, and in the running run's train.log (if one is running)."""
+    if _active is not None:
+        _active.warn(line)
+    else:
+        print(f"flatbnn: warning: {line}", file=sys.stderr, flush=True)
+
+
+class RunReport:
+    def __init__(self, run_dir: Path, enabled: bool = True):
+        self.path = Path(run_dir) / LOG_NAME
+        self.enabled = enabled
+
+    def __enter__(self) -> "RunReport":
+        global _active
+        self._previous, _active = _active, self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _active
+        _active = self._previous
+
+    def _append(self, text: str) -> None:
+        try:
+            with open(self.path, "a") as f:
+                f.write(text if text.endswith("\n") else text + "\n")
+        except OSError:  # the log is a copy of what the console shows; a full disk fails elsewhere, in one line
+            pass
+
+    def info(self, line: str) -> None:
+        if self.enabled:
+            print(line, flush=True)
+            self._append(line)
+
+    def warn(self, line: str) -> None:
+        if self.enabled:
+            text = f"flatbnn: warning: {line}"
+            print(text, file=sys.stderr, flush=True)
+            self._append(text)
+
+
+# ---------------------------------------------------------------------------------------------- the lines
+def _count(n: int) -> str:
+    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e3 else str(n)
+
+
+def _flatness(desc: dict) -> str:
+    name = desc.get("name", "?")
+    return name if name == "none" or "rho" not in desc else f"{name}(rho={desc['rho']:g})"
+
+
+def start_line(*, dataset: str, n_train: int, n_test: int, model: str, n_params: int, method: str,
+               flatness: dict, epochs: int, steps_per_epoch: int, batch_size: int, device, run_dir) -> str:
+    return (f"flatbnn: {dataset} ({n_train:,} train / {n_test:,} test) | {model} ({_count(n_params)} parameters) | "
+            f"{method} x {_flatness(flatness)} | {epochs} epochs x {steps_per_epoch} steps (batch {batch_size}) | "
+            f"{device} | run dir {run_dir}")
+
+
+def _fmt(v) -> str:
+    return f"{v:.4f}" if isinstance(v, (int, float)) and math.isfinite(v) else "null"
+
+
+def final_line(metrics: dict, results_path, seconds: float | None = None) -> str:
+    took = f" in {seconds:.1f} s" if seconds is not None else ""
+    k = metrics.get("num_samples")
+    return (f"flatbnn: done{took}: accuracy {_fmt(metrics.get('accuracy'))}, NLL {_fmt(metrics.get('nll'))}, "
+            f"ECE {_fmt(metrics.get('ece'))} (final predictive{f', {k} sample' + ('s' if k != 1 else '') if k else ''}) -> {results_path}")
+
+
+def at_chance(accuracy, num_classes: int, n: int, se: float = CHANCE_SE) -> bool:
+    """Test accuracy within ``se`` binomial standard errors of a constant guess (1/K) on ``n`` examples."""
+    if not isinstance(accuracy, (int, float)) or not math.isfinite(accuracy) or not n or num_classes < 2:
+        return False
+    p = 1.0 / num_classes
+    return accuracy <= p + se * math.sqrt(p * (1.0 - p) / n)
+
+
+def degenerate_run_warnings(metrics: dict, method: dict, num_classes: int, n_test: int) -> list[str]:
+    """One line per way the finished run is degenerate (empty: none). ``method`` is ``Method.describe()``:
+    the engine reads the snapshot counts the posterior methods report there, nothing method-specific."""
+    out = []
+    for key in ("n_collected", "kept_samples"):  # SWA / SWAG / SWAG-Diag; SGLD
+        n = method.get(key)
+        if isinstance(n, int) and n < 2:
+            out.append(f"method={method.get('name')} built its posterior from {n} weight snapshot(s) ({key}={n}): "
+                       f"its predictive is one weight vector, not a posterior; collect more ("
+                       f"{'a lower method.burn_in' if key == 'kept_samples' else 'a lower method.swa_start'}, "
+                       f"or more trainer.epochs)")
+    acc = metrics.get("accuracy")
+    if at_chance(acc, num_classes, n_test):
+        out.append(f"final test accuracy {_fmt(acc)} is at chance (1/{num_classes} = {1 / num_classes:.4f}, within "
+                   f"{CHANCE_SE:g} standard errors on {n_test:,} test examples): the run learned nothing; check "
+                   f"optimizer.lr, trainer.epochs and the data")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- engine hooks
+def report_start(report: RunReport, b, model_name: str) -> None:
+    """Called by ``engine.run`` once the run is built and its run dir claimed, before training."""
+    from omegaconf import OmegaConf
+
+    cfg = b.cfg
+    if cfg.get("print_config"):
+        report.info("flatbnn: resolved config\n" + OmegaConf.to_yaml(cfg, resolve=True).rstrip())
+    n_params = sum(p.numel() for p in b.module.parameters())
+    report.info(start_line(dataset=cfg.dataset.name, n_train=len(b.bundle.train), n_test=len(b.bundle.test),
+                           model=model_name, n_params=n_params, method=b.method.describe().get("name", "?"),
+                           flatness=b.flatness.describe(), epochs=b.total_epochs, steps_per_epoch=b.steps_per_epoch,
+                           batch_size=cfg.trainer.batch_size, device=b.device, run_dir=b.run_dir))
+
+
+def report_final(report: RunReport, b, results: dict, results_path) -> None:
+    """Called by ``engine.run`` after results.json is written: the warnings, then the final line."""
+    metrics = results["metrics"]
+    for line in degenerate_run_warnings(metrics, b.method.describe(), int(b.cfg.model.num_classes),
+                                        len(b.bundle.test)):
+        report.warn(line)
+    report.info(final_line(metrics, results_path, results.get("meta", {}).get("wall_seconds")))
+
+
+__all__ = ["CHANCE_SE", "LOG_NAME", "RunReport", "at_chance", "degenerate_run_warnings", "final_line",
+           "report_final", "report_start", "start_line", "warn"]

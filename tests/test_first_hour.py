@@ -1,0 +1,86 @@
+"""A researcher's first hour (issue 37): the literal command refuses a nonsensical model/data pairing with the fix,
+every run prints and logs its start and final lines, degenerate runs warn."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from helpers import REPO, compose_cfg, run_cfg, train_cli
+
+
+# ------------------------------------------------------------------------------ model / data pairing
+def test_the_literal_wrn_command_is_refused_with_the_fix(tmp_path):
+    """`python train.py method=f_swag model=wrn28x10` used to train a 36.5M-parameter WRN on 1,437 8x8 digits."""
+    p = train_cli(["method=f_swag", "model=wrn28x10"], tmp_path / "run", check=False, timeout=120)
+    assert p.returncode == 2, p.stderr[-2000:]
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, p.stderr
+    line = lines[0]
+    assert line.startswith("flatbnn: error: model=wrn28x10 ")
+    for part in ("16x16", "dataset=digits has 8x8", "dataset=cifar10 dataset.root=", "docs/data.md",
+                 "model=mlp", "model.min_input_size=null"):
+        assert part in line, part
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "results.json").exists()
+
+
+def test_model_data_check_passes_meant_pairs_and_the_escape_hatch():
+    from flatbnn.engine.validate import ConfigError, check_model_data
+    check_model_data(compose_cfg(["model=mlp"]))                                   # the demo pair
+    check_model_data(compose_cfg(["dataset=cifar10", "model=wrn28x10"]))           # its own data
+    check_model_data(compose_cfg(["dataset=mnist", "model=resnet20"]))             # 28 px >= 16
+    check_model_data(compose_cfg(["model=wrn28x10", "model.min_input_size=null"]))  # asked for
+    with pytest.raises(ConfigError, match="at least 32x32"):
+        check_model_data(compose_cfg(["dataset=mnist", "model=resnet152"]))         # ImageNet net on 28 px
+
+
+def test_every_network_but_the_mlp_declares_the_data_it_is_meant_for():
+    names = sorted(p.stem for p in (REPO / "configs" / "model").glob("*.yaml"))
+    undeclared = [n for n in names if compose_cfg([f"model={n}"]).model.get("min_input_size") is None]
+    assert undeclared == ["mlp"]
+
+
+# ------------------------------------------------------------------------------ start / final lines, train.log
+def test_start_and_final_lines_config_tree_and_warning_in_train_log(tmp_path):
+    run = tmp_path / "run"
+    # SWAG over 2 epochs from swa_start 0.5: one snapshot -> the degenerate-posterior warning
+    p = train_cli(["model=mlp", "method=swag", "trainer.epochs=2", "trainer.limit_train_batches=3",
+                   "trainer.reliability_diagram=false", "print_config=true"], run)
+    res = json.loads((run / "results.json").read_text())
+    assert res["meta"]["method"]["n_collected"] == 1
+    start = [ln for ln in p.stdout.splitlines() if ln.startswith("flatbnn: digits")]
+    # 64-500-300-10 MLP: 64*500+500 + 500*300+300 + 300*10+10 = 185,810 parameters
+    assert start == [f"flatbnn: digits (1,437 train / 360 test) | mlp (185.8k parameters) | swag x none | "
+                     f"2 epochs x 3 steps (batch 64) | cpu | run dir {run}"]
+    final = [ln for ln in p.stdout.splitlines() if ln.startswith("flatbnn: done")]
+    m = res["metrics"]
+    assert len(final) == 1 and final[0].endswith(
+        f"accuracy {m['accuracy']:.4f}, NLL {m['nll']:.4f}, ECE {m['ece']:.4f} (final predictive, 30 samples) "
+        f"-> {run / 'results.json'}")
+    assert p.stdout.count("flatbnn: resolved config") == 1 and "swa_start: 0.5" in p.stdout
+    warning = [ln for ln in p.stderr.splitlines() if "weight snapshot" in ln]
+    assert len(warning) == 1 and "n_collected=1" in warning[0] and "method.swa_start" in warning[0]
+    log = (run / "train.log").read_text()
+    assert start[0] in log and final[0] in log and warning[0] in log and "swa_start: 0.5" in log
+
+
+def test_a_run_at_chance_warns(tmp_path, capsys):
+    """trainer.epochs=0 evaluates the freshly initialised MLP: 9.2 % on digits' 360 test images."""
+    res = run_cfg(["model=mlp", "trainer.epochs=0"], tmp_path / "run")
+    assert res["metrics"]["accuracy"] < 0.147  # 1/10 + 3 binomial standard errors at n = 360
+    err = capsys.readouterr().err
+    assert re.search(r"warning: final test accuracy 0\.\d{4} is at chance \(1/10", err), err
+    assert "at chance" in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_at_chance_threshold_and_snapshot_counts():
+    from flatbnn.engine.report import at_chance, degenerate_run_warnings
+    assert at_chance(0.10, 10, 360) and at_chance(0.147, 10, 360) and not at_chance(0.148, 10, 360)
+    assert not at_chance(None, 10, 360) and not at_chance(0.5, 2, 0)
+    ok = {"accuracy": 0.9}
+    assert degenerate_run_warnings(ok, {"name": "swag", "n_collected": 2}, 10, 360) == []
+    assert len(degenerate_run_warnings(ok, {"name": "swag", "n_collected": 1}, 10, 360)) == 1
+    assert "method.burn_in" in degenerate_run_warnings(ok, {"name": "sgld", "kept_samples": 0}, 10, 360)[0]
+    assert degenerate_run_warnings(ok, {"name": "map"}, 10, 360) == []

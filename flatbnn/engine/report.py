@@ -89,8 +89,9 @@ def _fmt(v) -> str:
 def final_line(metrics: dict, results_path, seconds: float | None = None) -> str:
     took = f" in {seconds:.1f} s" if seconds is not None else ""
     k = metrics.get("num_samples")
+    samples = f", {k} sample{'s' if k != 1 else ''}" if k else ""
     return (f"flatbnn: done{took}: accuracy {_fmt(metrics.get('accuracy'))}, NLL {_fmt(metrics.get('nll'))}, "
-            f"ECE {_fmt(metrics.get('ece'))} (final predictive{f', {k} sample' + ('s' if k != 1 else '') if k else ''}) -> {results_path}")
+            f"ECE {_fmt(metrics.get('ece'))} (final predictive{samples}) -> {results_path}")
 
 
 def at_chance(accuracy, num_classes: int, n: int, se: float = CHANCE_SE) -> bool:

@@ -259,5 +259,5 @@ def validate_config(cfg: DictConfig, run_dir: Path | None = None, *, rank: int |
         check_writable(run_dir)
 
 
-__all__ = ["ConfigError", "RULES", "check_device", "check_model_data", "check_unknown_keys", "check_values", "check_writable",
-           "validate_config"]
+__all__ = ["ConfigError", "RULES", "check_device", "check_model_data", "check_unknown_keys", "check_values",
+           "check_writable", "validate_config"]

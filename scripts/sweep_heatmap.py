@@ -10,8 +10,12 @@ average over seeds. The runs must differ ONLY in the two swept keys and the seed
 budget and hardware kind are compared as ``scripts/aggregate.py`` groups runs): otherwise the map would
 average different experiments, so the script stops naming the keys that differ (exit 2), or with ``--split``
 draws one map per distinct rest-of-config (``<out stem>_1.png``, ...). The title states the budget (data set,
-model, epochs, train size, hardware, commit) so the figure is never mistaken for a paper number. Writes
-``<out>.json`` beside each PNG.
+model, epochs, train and test size, hardware, commit) so the figure is never mistaken for a paper number. Every
+cell shows its mean and its number of seeds. Differences inside the noise are greyed out: a cell's standard error
+is sqrt(sd_seeds^2 / k + p(1-p) / n_test) (the second term for accuracy only: the test set's binomial error; the
+first needs k >= 2 seeds), and the cells within 2 sqrt(se_best^2 + se_cell^2) of the best cell -- the best among
+them -- are drawn grey: the map cannot rank them. The text grid has a column header. Writes ``<out>.json`` beside
+each PNG (means, seeds and standard error per cell, which cells tie with the best).
 """
 
 from __future__ import annotations
@@ -47,7 +51,42 @@ def grid(results: list[dict], x: str, y: str, metric: str):
     ys = sorted({k[1] for k in cells})
     mean = [[statistics.fmean(cells[(a, b)]) if (a, b) in cells else float("nan") for a in xs] for b in ys]
     count = [[len(cells.get((a, b), [])) for a in xs] for b in ys]
-    return xs, ys, mean, count
+    return xs, ys, mean, count, cells
+
+
+LOWER_IS_BETTER = ("nll", "ece", "brier", "fpr95")
+NOISE_Z = 2.0  # a difference counts when it exceeds NOISE_Z standard errors of the difference
+
+
+def standard_error(values: list[float], metric: str, n_test: int | None) -> float | None:
+    """sqrt(sd_seeds^2 / k + p(1-p)/n_test): seed noise (k >= 2) plus, for accuracy, the test set's binomial
+    error; None when neither is known (one seed of a metric other than accuracy)."""
+    var, known = 0.0, False
+    if len(values) >= 2:
+        var += statistics.variance(values) / len(values)
+        known = True
+    if metric == "accuracy" and n_test:
+        p = statistics.fmean(values)
+        var += p * (1.0 - p) / n_test
+        known = True
+    return var ** 0.5 if known else None
+
+
+def ties_with_best(xs, ys, mean, cells, metric: str, n_test: int | None):
+    """``(se grid, tie grid)``: a cell ties when its difference from the best cell is within NOISE_Z standard
+    errors of that difference (the best cell ties with itself); None where the noise is unknown."""
+    se = [[standard_error(cells[(a, b)], metric, n_test) if (a, b) in cells else None for a in xs] for b in ys]
+    filled = [(j, i) for j, row in enumerate(mean) for i, v in enumerate(row) if v == v]
+    if not filled:
+        return se, [[None] * len(xs) for _ in ys]
+    pick = min if metric in LOWER_IS_BETTER else max
+    bj, bi = pick(filled, key=lambda ji: mean[ji[0]][ji[1]])
+    tie = [[None] * len(xs) for _ in ys]
+    for j, i in filled:
+        if se[j][i] is None or se[bj][bi] is None:
+            continue
+        tie[j][i] = abs(mean[j][i] - mean[bj][bi]) <= NOISE_Z * (se[j][i] ** 2 + se[bj][bi] ** 2) ** 0.5
+    return se, tie
 
 
 def _swept(key: str, swept: tuple[str, ...]) -> bool:
@@ -70,33 +109,52 @@ def differing_keys(rests: list[dict]) -> dict[str, list[str]]:
     return {k: sorted({r.get(k, "<absent>") for r in rests}) for k in keys if len({r.get(k, "<absent>") for r in rests}) > 1}
 
 
+def test_size(results: list[dict]) -> int | None:
+    sizes = {r["meta"].get("budget", {}).get("test_size") for r in results}
+    return sizes.pop() if len(sizes) == 1 and None not in sizes else None
+
+
 def budget_line(results: list[dict]) -> str:
     m = results[0]["meta"]
     b, hw = m["budget"], m["hardware"]
     device = hw.get("gpu") or f"{hw.get('device', 'cpu')} ({hw.get('cpu_count', '?')} cores)"
     commits = sorted({r["meta"]["git"]["commit"][:8] for r in results})
     seeds = sorted({r["meta"]["seed"] for r in results})
-    return (f"{m['dataset']} (n={b['train_size']}), {m['model']}, {m['method']['name']}, {b['epochs']} ep, "
-            f"seeds {','.join(map(str, seeds))}, {b['world_size']}x {device}, commit {','.join(commits)}")
+    return (f"{m['dataset']} (train n={b['train_size']}, test n={test_size(results) or '?'}), {m['model']}, "
+            f"{m['method']['name']}, {b['epochs']} ep, seeds {','.join(map(str, seeds))}, {b['world_size']}x {device}, "
+            f"commit {','.join(commits)}")
 
 
-def plot(xs, ys, mean, x, y, metric, title, out: Path) -> None:
+def _label(metric: str, v: float) -> str:
+    return (f"{100 * v:.2f}" if metric == "accuracy" else f"{v:.3f}") if v == v else "–"
+
+
+def plot(xs, ys, mean, count, tie, x, y, metric, title, out: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
     fig, ax = plt.subplots(figsize=(1.2 * len(xs) + 2.5, 1.0 * len(ys) + 2.0))
-    im = ax.imshow(mean, origin="lower", cmap="viridis", aspect="auto")
+    scale = 100 if metric == "accuracy" else 1
+    values = np.array(mean, dtype=float) * scale
+    n_tied = sum(bool(t) for row in tie for t in row)
+    grey = np.array([[bool(t) and n_tied > 1 for t in row] for row in tie])
+    im = ax.imshow(np.ma.masked_where(grey, values), origin="lower", cmap="viridis", aspect="auto",
+                   vmin=np.nanmin(values), vmax=np.nanmax(values))  # the scale of every cell, greyed ones too
+    if grey.any():  # ties with the best: one colour, the map cannot rank them
+        ax.imshow(np.ma.masked_where(~grey, np.ones_like(values)), origin="lower", cmap="Greys", vmin=0, vmax=2.5,
+                  aspect="auto")
     ax.set_xticks(range(len(xs)), [str(v) for v in xs])
     ax.set_yticks(range(len(ys)), [str(v) for v in ys])
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
-    scale = 100 if metric == "accuracy" else 1
+    ax.set_xlabel(f"{x} (columns)")
+    ax.set_ylabel(f"{y} (rows)")
     for j, row in enumerate(mean):
         for i, v in enumerate(row):
-            label = (f"{scale * v:.2f}" if metric == "accuracy" else f"{v:.3f}") if v == v else "–"
-            ax.text(i, j, label, ha="center", va="center", color="w", fontsize=9)
-    fig.colorbar(im, ax=ax, label=metric)
+            seeds = f"\n{count[j][i]} seed{'s' if count[j][i] != 1 else ''}" if count[j][i] else ""
+            ax.text(i, j, _label(metric, v) + seeds, ha="center", va="center", fontsize=8,
+                    color="k" if grey[j][i] else "w")
+    fig.colorbar(im, ax=ax, label=f"{metric}{' (%)' if metric == 'accuracy' else ''}")
     ax.set_title(title, fontsize=7)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -139,20 +197,34 @@ def main(argv=None) -> int:
 
 def _one_map(results: list[dict], args, out: Path) -> int:
     try:
-        xs, ys, mean, count = grid(results, args.x, args.y, args.metric)
+        xs, ys, mean, count, cells = grid(results, args.x, args.y, args.metric)
     except KeyError as e:
         print(f"error: {e.args[0]}", file=sys.stderr)
         return 2
-    title = f"{args.metric} over {args.x} x {args.y}\n{budget_line(results)}"
-    plot(xs, ys, mean, args.x, args.y, args.metric, title, out)
+    n_test = test_size(results)
+    se, tie = ties_with_best(xs, ys, mean, cells, args.metric, n_test)
+    n_tied = sum(bool(t) for row in tie for t in row)
+    noise = (f"grey: {n_tied} cells within seed / test-set noise of the best ({NOISE_Z:g} se)" if n_tied > 1 else
+             "noise unknown (one seed; only accuracy has a test-set error)" if all(t is None for r in tie for t in r)
+             else "the best cell is beyond noise of every other")
+    title = f"{args.metric} over {args.x} x {args.y}; {noise}\n{budget_line(results)}"
+    plot(xs, ys, mean, count, tie, args.x, args.y, args.metric, title, out)
     write_json(out.with_suffix(".json"),  # atomic
                {"x": args.x, "y": args.y, "metric": args.metric, "x_values": xs, "y_values": ys,
-                "mean": mean, "runs_per_cell": count, "budget": budget_line(results),
-                "note": "our runs, not the paper's numbers"})
-    print(f"{args.metric} ({args.y} rows x {args.x} columns), {budget_line(results)}")
-    for yv, row in zip(ys, mean):
-        print(f"{yv!s:>8} " + " ".join(f"{v:8.4f}" for v in row))
-    print(f"wrote {out}")
+                "mean": mean, "runs_per_cell": count, "seeds_per_cell": count, "se_per_cell": se,
+                "ties_with_best": tie, "noise_rule": f"|mean - best| <= {NOISE_Z:g} sqrt(se^2 + se_best^2), "
+                "se^2 = sd_seeds^2/k (k >= 2) + p(1-p)/n_test (accuracy)", "test_size": n_test,
+                "budget": budget_line(results), "note": "our runs, not the paper's numbers"})
+    print(f"{args.metric} ({args.y} rows x {args.x} columns; per cell: mean [seeds], '~' ties with the best "
+          f"within noise), {budget_line(results)}")
+    width = 14
+    corner = f"{args.y} \\ {args.x}"  # rows \ columns
+    print(f"{corner:>{width}} " + " ".join(f"{v!s:>{width}}" for v in xs))
+    for yv, row, nrow, trow in zip(ys, mean, count, tie):
+        print(f"{yv!s:>{width}} " + " ".join(
+            f"{(f'{v:.4f} [{n}]' + ('~' if t and n_tied > 1 else ' ')) if v == v else '-':>{width}}"
+            for v, n, t in zip(row, nrow, trow)))
+    print(f"{noise}\nwrote {out}")
     return 0
 
 

@@ -58,3 +58,30 @@ def test_runs_differing_in_an_unswept_key_are_refused_or_split(tmp_path):
     means = sorted(json.loads((tmp_path / f"h_{i}.json").read_text())["mean"][0][0] for i in (1, 2))
     assert means[0] == 0.6 or abs(means[0] - 0.6) < 1e-12  # lr 0.1: seeds 0 and 1 averaged
     assert means[1] == 0.9                                  # lr 0.05 alone, never averaged with them
+
+
+def test_differences_inside_noise_are_greyed_and_the_grid_is_labelled(tmp_path):
+    """Issue 37's sweep: 98.06-98.33 % on 360 test images, one seed -- one image apart, all within the test set's
+    binomial error (se ~0.7 %) -- ties; a cell at 90 % does not."""
+    import math
+
+    for i, (rho, eta, acc) in enumerate([(0.01, 0.0, 0.9806), (0.05, 0.0, 0.9833), (0.01, 1.0, 0.9817),
+                                         (0.05, 1.0, 0.90)]):
+        _write(tmp_path / str(i), rho, eta, 0, acc)
+        res = json.loads((tmp_path / str(i) / "results.json").read_text())
+        res["meta"]["budget"]["test_size"] = 360
+        (tmp_path / str(i) / "results.json").write_text(json.dumps(res))
+    out = tmp_path / "acc.png"
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "sweep_heatmap.py"), str(tmp_path),
+                        "--x", "flatness.rho", "--y", "flatness.eta", "--out", str(out)],
+                       capture_output=True, text=True, check=True)
+    grid = json.loads(out.with_suffix(".json").read_text())
+    assert grid["ties_with_best"] == [[True, True], [True, False]]
+    assert math.isclose(grid["se_per_cell"][0][1], math.sqrt(0.9833 * 0.0167 / 360))
+    assert grid["seeds_per_cell"] == [[1, 1], [1, 1]] and grid["test_size"] == 360
+    assert "train n=100, test n=360" in grid["budget"]
+    lines = p.stdout.splitlines()
+    assert lines[1].split() == ["flatness.eta", "\\", "flatness.rho", "0.01", "0.05"]  # the column header
+    assert lines[2].split() == ["0.0", "0.9806", "[1]~", "0.9833", "[1]~"]
+    assert lines[3].split() == ["1.0", "0.9817", "[1]~", "0.9000", "[1]"]
+    assert "grey: 3 cells within seed / test-set noise of the best" in p.stdout

@@ -38,6 +38,27 @@ class JsonlLogger:
         pass
 
 
+def default_group(run_config: dict, sweep_dir: str | None = None) -> str | None:
+    """The W&B group of a run that names none (``logger.wandb.group=null``): the reproduction row and scale
+    (``flat_bnn_t2/cpu``), else the Hydra sweep dir of a ``--multirun``, so one sweep's runs land together;
+    a single run gets none."""
+    rep = run_config.get("reproduce") or {}
+    if rep.get("row"):
+        return f"{rep['row']}/{rep['scale']}" if rep.get("scale") else str(rep["row"])
+    return str(sweep_dir)[-128:] if sweep_dir else None  # W&B caps a group name at 128 characters
+
+
+def _hydra_sweep_dir() -> str | None:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+            return str(HydraConfig.get().sweep.dir)
+    except Exception:
+        pass
+    return None
+
+
 class WandbLogger:
     def __init__(self, run_dir: Path, run_config: dict, project: str = "flatbnn", entity: str | None = None,
                  mode: str | None = None, name: str | None = None, group: str | None = None,
@@ -52,7 +73,8 @@ class WandbLogger:
         run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
         id_file.write_text(run_id)
         self.run = wandb.init(project=project, entity=entity, mode=mode or os.environ.get("WANDB_MODE"),
-                              name=name, group=group, tags=list(tags or []), config=run_config,
+                              name=name, group=group or default_group(run_config, _hydra_sweep_dir()),
+                              tags=list(tags or []), config=run_config,
                               dir=str(run_dir), id=run_id, resume="allow")
 
     def log_epoch(self, record: dict) -> None:

@@ -4,7 +4,10 @@ every run prints and logs its start and final lines, degenerate runs warn."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -43,17 +46,24 @@ def test_every_network_but_the_mlp_declares_the_data_it_is_meant_for():
 
 
 # ------------------------------------------------------------------------------ start / final lines, train.log
-def test_start_and_final_lines_config_tree_and_warning_in_train_log(tmp_path):
-    run = tmp_path / "run"
-    # SWAG over 2 epochs from swa_start 0.5: one snapshot -> the degenerate-posterior warning
-    p = train_cli(["model=mlp", "method=swag", "trainer.epochs=2", "trainer.limit_train_batches=3",
-                   "trainer.reliability_diagram=false", "print_config=true"], run)
+def test_debug_preset_start_and_final_lines_config_tree_and_warning_in_train_log(tmp_path):
+    """debug=default (a few batches of everything) on SWAG: 2 epochs x 2 steps on 200 / 200 digits, checkpoints,
+    per-epoch evaluation, the config tree, the start and final lines, and -- one SWAG snapshot -- the warning."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FLATBNN_OUTPUT_DIR": str(tmp_path)}
+    p = subprocess.run([sys.executable, str(REPO / "train.py"), "debug=default", "method=swag",
+                        "trainer.reliability_diagram=false"], capture_output=True, text=True, env=env, cwd=REPO,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (run,) = [d.parent for d in (tmp_path / "debug").rglob("results.json")]  # debug runs land apart
     res = json.loads((run / "results.json").read_text())
+    b = res["meta"]["budget"]
+    assert (b["epochs"], b["steps"], b["train_size"], b["test_size"]) == (2, 4, 200, 200)
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2 and (run / "checkpoints" / "last.pt").exists()
     assert res["meta"]["method"]["n_collected"] == 1
     start = [ln for ln in p.stdout.splitlines() if ln.startswith("flatbnn: digits")]
     # 64-500-300-10 MLP: 64*500+500 + 500*300+300 + 300*10+10 = 185,810 parameters
-    assert start == [f"flatbnn: digits (1,437 train / 360 test) | mlp (185.8k parameters) | swag x none | "
-                     f"2 epochs x 3 steps (batch 64) | cpu | run dir {run}"]
+    assert start == [f"flatbnn: digits (200 train / 200 test) | mlp (185.8k parameters) | swag x none | "
+                     f"2 epochs x 2 steps (batch 64) | cpu | run dir {run}"]
     final = [ln for ln in p.stdout.splitlines() if ln.startswith("flatbnn: done")]
     m = res["metrics"]
     assert len(final) == 1 and final[0].endswith(

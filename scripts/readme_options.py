@@ -32,6 +32,8 @@ GROUPS: dict[str, tuple[str, str | None]] = {
     "trainer": ("epochs, batch, precision, checkpoints", None),
     "logger": ("console + `metrics.jsonl` always; W&B optional", None),
     "experiment": ("`# @package _global_` presets", None),
+    "debug": ("applied last: a few batches of everything (Lightning's fast_dev_run); runs under `outputs/debug/`",
+              None),
     "paper": ("a paper's protocol (set by its experiment presets)", None),
     "paper_method": ("a paper's per-method settings, picked as `${paper}_${method}`", None),
     "dataset_model": ("per-pair hyperparameters, picked as `${dataset}_${model}`; composed before `method`, so a "

@@ -372,11 +372,11 @@ def results_meta(b: Built, *, steps: int, train_seconds: float, wall_seconds: fl
 # fast it goes -- not what it computes. Any other difference between the config a run dir was started with
 # and the rerun's is refused (the rerun would continue the old run under the new label); listing the key in
 # trainer.resume_overrides applies the change deliberately instead.
-RESUME_EXEMPT = ("print_config", "trainer.resume", "trainer.resume_overrides", "trainer.init_from", "trainer.init_key",
+RESUME_EXEMPT = ("trainer.resume", "trainer.resume_overrides", "trainer.init_from", "trainer.init_key",
                  "trainer.progress", "trainer.num_workers", "trainer.eval_batch_size", "trainer.eval_sample_chunk",
                  "trainer.eval_every", "trainer.checkpoint_every", "trainer.reliability_diagram", "logger",
                  "dataset.root", "dataset.clean_root", "dataset.download", "dataset.ood_roots",
-                 "dataset.shift_root")
+                 "dataset.shift_root", "print_config")
 # Keys whose change alters the lr schedule's shape: a resume applying one rebuilds the schedule (at the
 # current step) instead of restoring the old one's parameters
 _SCHEDULE_KEYS = ("trainer.epochs", "trainer.limit_train_batches", "scheduler")

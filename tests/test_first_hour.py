@@ -40,9 +40,10 @@ def test_model_data_check_passes_meant_pairs_and_the_escape_hatch():
 
 
 def test_every_network_but_the_mlp_declares_the_data_it_is_meant_for():
-    names = sorted(p.stem for p in (REPO / "configs" / "model").glob("*.yaml"))
-    undeclared = [n for n in names if compose_cfg([f"model={n}"]).model.get("min_input_size") is None]
-    assert undeclared == ["mlp"]
+    from omegaconf import OmegaConf
+    files = sorted((REPO / "configs" / "model").glob("*.yaml"))
+    assert len(files) > 20
+    assert [f.stem for f in files if OmegaConf.load(f).get("min_input_size") is None] == ["mlp"]
 
 
 # ------------------------------------------------------------------------------ start / final lines, train.log

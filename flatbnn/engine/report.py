@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 LOG_NAME = "train.log"
-# a run within this many binomial standard errors of 1/K test accuracy learned nothing (the rows' "at chance",
-# flatbnn/reproduce/compare.py, uses the same threshold)
+# a run within this many binomial standard errors of 1/K test accuracy learned nothing (also the reproduction
+# rows' "at chance": flatbnn/reproduce/compare.py imports it)
 CHANCE_SE = 3.0
 
 _active: "RunReport | None" = None  # the report of the run in progress: where ``warn`` also writes

@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from flatbnn.engine.checkpoint import write_json, write_text
+from flatbnn.engine.report import CHANCE_SE
 from flatbnn.reproduce.launch import OUTPUT_ROOT, job_state, run_dir
 from flatbnn.reproduce.spec import REPO, Row
 
@@ -95,7 +96,8 @@ def collect(row: Row, scale: str, out: Path | None = None, archive_root: Path | 
     return {"out": str(out), "cells": cells}
 
 
-CHANCE_SE = 3.0  # a run within this many binomial standard errors of 1/K test accuracy learned nothing we can rank
+# CHANCE_SE: a run within this many binomial standard errors of 1/K test accuracy learned nothing we can rank; the
+# same rule makes a finished run warn "at chance" (declared in flatbnn/engine/report.py, imported above)
 
 
 def _at_chance(result: dict, run: Path) -> bool:

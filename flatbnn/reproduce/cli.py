@@ -214,8 +214,12 @@ def main(argv=None) -> int:
               + "; rerun the same command to go on", file=sys.stderr)
         sys.exit(75)
 
+    previous = {}
     for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
-        signal.signal(sig, stopped)
+        try:
+            previous[sig] = signal.signal(sig, stopped)
+        except ValueError:  # main() called from another thread: its caller's signals stay its own
+            pass
     try:
         if args.cmd == "list":
             for name in list_rows():
@@ -274,6 +278,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:  # Ctrl-C outside a sweep (composing cells, writing a comparison): nothing to save
         print("reproduce: interrupted (Ctrl-C); rerun the same command to go on", file=sys.stderr)
         return 130
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
     return 0
 
 

@@ -59,15 +59,17 @@ else
 SWEEP_ARGS ?= dataset=digits model=mlp trainer.epochs=10
 endif
 
+# the heatmaps go to outputs/ (a fresh clone's run must not rewrite the committed ones): SWEEP_FIGURES=results/fsam_sweep
+SWEEP_FIGURES ?= outputs/fsam_sweep
 .PHONY: reproduce-fsam-sweep
 reproduce-fsam-sweep: setup
 	rm -rf $(SWEEP_DIR)
 	$(PY) train.py --multirun $(SWEEP_ARGS) method=map flatness=fsam flatness.rho=$(SWEEP_RHO) \
 		flatness.eta=$(SWEEP_ETA) trainer.progress=false trainer.reliability_diagram=false hydra.sweep.dir=$(SWEEP_DIR)
 	$(PY) scripts/sweep_heatmap.py $(SWEEP_DIR) --x flatness.rho --y flatness.eta --metric accuracy \
-		--out results/fsam_sweep/accuracy.png
+		--out $(SWEEP_FIGURES)/accuracy.png
 	$(PY) scripts/sweep_heatmap.py $(SWEEP_DIR) --x flatness.rho --y flatness.eta --metric nll \
-		--out results/fsam_sweep/nll.png
+		--out $(SWEEP_FIGURES)/nll.png
 
 # ---------------------------------------------------------------------------- paper rows (docs/reproduce.md)
 #   make reproduce-<row> SCALE=smoke|cpu|paper [ARGS="dataset.root=..."] [LAUNCHER=slurm|local|cpu_parallel|gpu_shared] [DRY=1]

@@ -8,7 +8,8 @@ import functools
 import re
 
 EXIT_CONFIG = 2      # bad config, missing data set, unreadable checkpoint, diverged run
-EXIT_PREEMPTED = 75  # SIGTERM/SIGUSR1: checkpointed; rerun (or requeue) to resume
+EXIT_PREEMPTED = 75  # SIGTERM/SIGUSR1/SIGUSR2: checkpointed; rerun (or requeue) to resume
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT): checkpointed like SIGTERM (a second Ctrl-C: at once); rerun to resume
 
 
 def one_line_error(exc: BaseException) -> str | None:
@@ -57,8 +58,23 @@ _FS_ERRNOS = {getattr(errno, n) for n in ("ENOTDIR", "EACCES", "EPERM", "EROFS",
                                           "EISDIR", "ENAMETOOLONG") if hasattr(errno, n)}
 
 
+def _in_data_cache(filename) -> bool:
+    """A file of the decoded-data cache ($FLATBNN_CACHE, ~/.cache/flatbnn): moving the run does not help there."""
+    import os
+    from pathlib import Path
+    if not filename:
+        return False
+    env = os.environ.get("FLATBNN_CACHE")
+    root = Path(os.path.expanduser(env)) if env else Path.home() / ".cache" / "flatbnn"
+    path = Path(str(filename))
+    return path == root or root in path.parents or path.name.endswith((".images.npy", ".labels.npy"))
+
+
 def _fs_line(e: OSError) -> str:
     where = f" {e.filename}" if e.filename else ""
+    if _in_data_cache(e.filename):
+        return (f"cannot write the decoded-data cache{where}: {e.strerror or type(e).__name__}; point $FLATBNN_CACHE "
+                f"(or dataset.cache_dir=<dir>) at a writable folder with space, or dataset.cache_dir=false")
     if e.errno in {getattr(errno, "ENOSPC", -1), getattr(errno, "EDQUOT", -1)}:
         hint = "free space, then rerun the same command (it resumes)"
     elif e.errno == errno.ENOTDIR:
@@ -78,6 +94,9 @@ def hydra_error_line(exc: BaseException) -> str | None:
     names; None for anything else."""
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 
+    yaml_line = yaml_error_line(exc)
+    if yaml_line is not None:
+        return yaml_line
     if isinstance(exc, MissingConfigException):
         text = str(exc)
         m = re.search(r"Could not find '([^']+)/([^'/]+)'", text)
@@ -105,6 +124,71 @@ def hydra_error_line(exc: BaseException) -> str | None:
     if isinstance(exc, OSError) and exc.errno in _FS_ERRNOS:
         return _fs_line(exc)
     return None
+
+
+def yaml_error_line(exc: BaseException) -> str | None:
+    """``file:line:column: <YAML message>`` for a YAML syntax error anywhere in ``exc``'s chain (a user's config
+    file, ``--config-dir``, an ``experiment=`` file): Hydra prints ~100 lines with the file at the very end."""
+    import yaml
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, yaml.MarkedYAMLError):
+            mark = exc.problem_mark or exc.context_mark
+            where = f"{mark.name}:{mark.line + 1}:{mark.column + 1}" if mark is not None else "a config file"
+            what = " ".join(f"{exc.context or ''} {exc.problem or ''}".split())
+            return f"{where}: YAML syntax error: {what or type(exc).__name__}"
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def check_group_files(choices: dict, sources) -> None:
+    """Every config-group option the run composed is a mapping: Hydra merges a file holding a YAML list (or a
+    scalar) as nothing at all, so ``experiment=my_list`` would silently train the default config. ``sources``:
+    Hydra's config sources (``HydraConfig.get().runtime.config_sources``); only folders are checked."""
+    import yaml
+    from pathlib import Path
+
+    from flatbnn.engine.validate import ConfigError
+    folders = [Path(str(src.path)) for src in sources if str(getattr(src, "schema", "")) == "file"]
+    for group, option in choices.items():
+        if option in (None, "") or str(group).startswith("hydra"):
+            continue
+        for folder in folders:
+            f = folder / str(group) / f"{option}.yaml"
+            if f.is_file():
+                node = yaml.safe_load(f.read_text())
+                if node is not None and not isinstance(node, dict):
+                    raise ConfigError(f"{f}: {group}={option} is a YAML {type(node).__name__}, not a mapping of "
+                                      f"keys (Hydra would ignore it and train the default config)")
+                break
+
+
+def remove_stray_run_dir(run_dir) -> bool:
+    """A run refused before it trained leaves only what Hydra made for it (``.hydra/*.yaml`` and an empty
+    ``train.log``): remove that, and the dir if it is then empty, so nothing looks like a run there."""
+    from pathlib import Path
+    run_dir = Path(run_dir)
+    hydra_files = {"config.yaml", "hydra.yaml", "overrides.yaml"}
+    try:
+        entries = {p.name for p in run_dir.iterdir()}
+        if not entries <= {".hydra", "train.log"}:
+            return False
+        log = run_dir / "train.log"
+        if log.exists() and log.stat().st_size:
+            return False
+        hydra_dir = run_dir / ".hydra"
+        if hydra_dir.exists() and not {p.name for p in hydra_dir.iterdir()} <= hydra_files:
+            return False
+        for name in hydra_files:
+            (hydra_dir / name).unlink(missing_ok=True)
+        if hydra_dir.exists():
+            hydra_dir.rmdir()
+        log.unlink(missing_ok=True)
+        run_dir.rmdir()
+        return True
+    except OSError:
+        return False
 
 
 def install_hydra_error_handler() -> None:

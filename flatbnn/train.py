@@ -18,8 +18,8 @@ import hydra
 from omegaconf import DictConfig
 
 from flatbnn import resources
-from flatbnn.cli import (EXIT_CONFIG, EXIT_PREEMPTED, exit_if_members_failed, install_hydra_error_handler,
-                         one_line_error)
+from flatbnn.cli import (EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_PREEMPTED, exit_if_members_failed,
+                         install_hydra_error_handler, one_line_error, remove_stray_run_dir)
 
 
 def _nonzero_rank_overrides() -> None:
@@ -73,6 +73,10 @@ def main(cfg: DictConfig) -> float | None:
         except Preempted as e:
             preemption.stop(e, guard, results=results_path, mtime_before=before, exit_preempted=EXIT_PREEMPTED)
             return None
+        except KeyboardInterrupt:  # a second Ctrl-C (or one before the handlers were installed): at once
+            print("flatbnn: interrupted (Ctrl-C twice): stopped at once; the last checkpoint written is kept; "
+                  "rerun the same command to resume from it", file=sys.stderr)
+            sys.exit(EXIT_INTERRUPTED)
         except Exception as e:  # known, actionable errors become one line; anything else keeps its traceback
             guard.fired = True
             _failed(e, one_line_error(e), dist_failure_line(e, cfg.trainer.get("dist_timeout_s")),
@@ -90,6 +94,8 @@ def _failed(e: Exception, msg: str | None, dist_line: str | None, run_dir_from_h
     if not _in_multirun():
         if msg is None:
             raise
+        if int(os.environ.get("RANK", "0")) == 0:  # refused before it trained: no stray run dir
+            remove_stray_run_dir(run_dir_from_hydra())
         print(f"flatbnn: error: {msg}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
     # a sweep member fails alone: its run dir says why, the sweep goes on, the process exits non-zero at the end

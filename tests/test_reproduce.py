@@ -239,11 +239,12 @@ def test_out_sweeps_elsewhere_and_keeps_its_comparison_out_of_the_committed_tabl
     monkeypatch.setattr(launch, "launch_eval", fake)
     monkeypatch.setattr(row_scripts, "run_script_row", lambda row, scale, dry_run=False: 0)
     monkeypatch.setattr(compare, "write_comparison",
-                        lambda row, scale, out=None, dest=None: seen.append(("table", row.row, dest)) or tmp_path)
+                        lambda row, scale, out=None, dest=None, **kw: seen.append(("table", row.row, dest)) or tmp_path)
     monkeypatch.setattr(status, "write_status", lambda: seen.append(("board",)) or "STATUS.md")
 
     assert cli.main(["run", "bsam_t5", "--scale", "smoke"]) == 0
-    assert seen == [("sweep", "bsam_t5", None), ("table", "bsam_t5", None)]  # None: outputs/ and results/reproduce/
+    # a smoke run of one row: its sweep in outputs/ (None) and its table too, not over the committed smoke.json
+    assert seen == [("sweep", "bsam_t5", None), ("table", "bsam_t5", launch.OUTPUT_ROOT / "comparison" / "bsam_t5")]
     seen.clear()
     assert cli.main(["run", "bsam_t5", "--scale", "smoke", "--out", str(tmp_path / "s")]) == 0
     assert seen == [("sweep", "bsam_t5", tmp_path / "s"), ("table", "bsam_t5", tmp_path / "s" / "comparison" / "bsam_t5")]

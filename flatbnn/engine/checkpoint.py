@@ -42,13 +42,28 @@ def _atomic_write(path: Path, write) -> None:
         raise
 
 
+def _os_error_in(exc: BaseException) -> OSError | None:
+    """The ``OSError`` behind ``exc``: itself, or its cause / context (``torch.save`` reports a failed write
+    as ``RuntimeError: [enforce fail at inline_container.cc] ... unexpected pos`` with the ENOSPC as context)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def save_checkpoint(path: Path, state: dict) -> None:
     try:
         _atomic_write(path, lambda f: torch.save(state, f))
-    except OSError as e:  # ENOSPC, EDQUOT, EIO: the previous checkpoint is intact, say so in one line
-        raise CheckpointError(f"could not write checkpoint {path} ({e.strerror or e}); the previous checkpoint "
-                              f"is intact: free space / fix the file system and rerun the same command to "
-                              f"resume") from None
+    except (OSError, RuntimeError) as e:  # ENOSPC, EDQUOT, EIO: the previous checkpoint is intact, say so in one line
+        os_error = _os_error_in(e)
+        if os_error is None:
+            raise
+        raise CheckpointError(f"could not write checkpoint {path} ({os_error.strerror or os_error}); the previous "
+                              f"checkpoint is intact: free space / fix the file system and rerun the same command "
+                              f"to resume") from None
 
 
 def link_checkpoint(src: Path, dst: Path) -> None:
@@ -225,6 +240,32 @@ def load_checkpoint(path: Path) -> dict:
     if not isinstance(state, dict) or "format" not in state:
         raise CheckpointError(f"{path} is not a flatbnn checkpoint; delete it or set trainer.resume=false")
     return state
+
+
+# what every flatbnn checkpoint holds (trainer.Trainer.state); a missing one is a foreign or hand-edited file
+CHECKPOINT_KEYS = {"epoch": int, "step_in_epoch": int, "global_step": int, "elapsed": (int, float), "method": dict,
+                   "backprop": dict, "rng": list}
+
+
+def checkpoint_problem(state: dict, world_size: int) -> str | None:
+    """What is structurally wrong with a loaded checkpoint (None: nothing found), checked before any of it
+    is restored. Tensor shapes are checked when the model loads (strictly) and reported in one line there."""
+    for key, kind in CHECKPOINT_KEYS.items():
+        if key not in state:
+            return f"has no {key!r} entry (not a complete flatbnn checkpoint)"
+        if not isinstance(state[key], kind) or isinstance(state[key], bool):
+            return f"its {key!r} entry is a {type(state[key]).__name__}, not a {getattr(kind, '__name__', 'number')}"
+    for key in ("epoch", "step_in_epoch", "global_step"):
+        if state[key] < 0:
+            return f"its {key!r} is negative ({state[key]})"
+    rng = state["rng"]
+    if len(rng) != world_size or not all(isinstance(r, dict) and "global" in r and "generator" in r for r in rng):
+        return (f"its 'rng' entry holds {len(rng)} RNG state(s) of the expected form, one per process "
+                f"({world_size}) expected")
+    sums = state.get("epoch_sums")
+    if sums is not None and (not isinstance(sums, list) or len(sums) != world_size):
+        return f"its 'epoch_sums' entry is not a list of {world_size} per-process sums"
+    return None
 
 
 def write_bytes(path: Path, data: bytes) -> None:

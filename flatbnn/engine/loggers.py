@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import uuid
 from pathlib import Path
 
@@ -59,31 +60,67 @@ def _hydra_sweep_dir() -> str | None:
     return None
 
 
+class WandbStartError(ValueError):  # a ValueError: train.py makes it one line, exit 2
+    pass
+
+
 class WandbLogger:
+    """``logger=wandb``. Start-up is bounded by ``init_timeout_s`` (no key, an unreachable server: W&B's own
+    retries run for minutes, and a stop signal waits for them); then ``on_init_failure=offline`` logs to
+    ``<run dir>/wandb`` offline (one warning line; ``wandb sync`` uploads it later) and ``stop`` ends the run
+    with one line, exit 2. The summary equals results.json: the final predictive is logged under ``final/*``
+    and the summary's ``test/*`` are set after the last history row is committed."""
+
     def __init__(self, run_dir: Path, run_config: dict, project: str = "flatbnn", entity: str | None = None,
                  mode: str | None = None, name: str | None = None, group: str | None = None,
-                 tags: list | None = None):
+                 tags: list | None = None, init_timeout_s: float = 30.0, on_init_failure: str = "offline"):
         try:
             import wandb
         except ImportError:
             raise ImportError("logger=wandb needs wandb: pip install wandb (or use logger=console)") from None
+        if on_init_failure not in ("offline", "stop"):
+            raise ValueError(f"logger.wandb.on_init_failure={on_init_failure}: must be offline or stop")
+        if not float(init_timeout_s) > 0:
+            raise ValueError(f"logger.wandb.init_timeout_s={init_timeout_s}: must be > 0 (seconds)")
         self.wandb = wandb
+        self.step = 0
         run_dir = Path(run_dir)
         id_file = run_dir / "wandb_id.txt"  # a resumed run continues the same W&B run
         run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
         id_file.write_text(run_id)
-        self.run = wandb.init(project=project, entity=entity, mode=mode or os.environ.get("WANDB_MODE"),
-                              name=name, group=group or default_group(run_config, _hydra_sweep_dir()),
-                              tags=list(tags or []), config=run_config,
-                              dir=str(run_dir), id=run_id, resume="allow")
+        mode = mode or os.environ.get("WANDB_MODE")
+        group = group or default_group(run_config, _hydra_sweep_dir())
+        kwargs = dict(project=project, entity=entity, name=name, group=group, tags=list(tags or []),
+                      config=run_config, dir=str(run_dir), id=run_id, resume="allow")
+        try:
+            self.run = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=float(init_timeout_s)), **kwargs)
+        except Exception as e:  # wandb.errors.CommError / UsageError (no key) / a timeout
+            from flatbnn.engine.trainer import Preempted
+            if isinstance(e, Preempted):  # a stop signal during the start-up: honoured, not taken for a failure
+                raise
+            why = " ".join(str(e).split())[:200] or type(e).__name__
+            if on_init_failure == "stop":
+                raise WandbStartError(
+                    f"W&B did not start ({why}; start-up bounded by logger.wandb.init_timeout_s={init_timeout_s:g} s); log in "
+                    f"(wandb login) / check the server, or log offline: WANDB_MODE=offline or "
+                    f"logger.wandb.on_init_failure=offline") from None
+            print(f"warning: W&B did not start ({why}; start-up bounded by logger.wandb.init_timeout_s={init_timeout_s:g} s); "
+                  f"logging offline to {run_dir / 'wandb'} (upload later: wandb sync)", file=sys.stderr)
+            wandb.teardown()  # the service still holds the run id of the failed attempt
+            self.run = wandb.init(mode="offline", **kwargs)
 
     def log_epoch(self, record: dict) -> None:
-        self.run.log(dict(record), step=int(record.get("step", 0)))
+        self.step = int(record.get("step", 0))
+        # committed now: a row left open is flushed at finish(), after the summary, and overwrites its test/*
+        self.run.log(dict(record), step=self.step, commit=True)
 
     def log_results(self, results: dict) -> None:
-        for k, v in results.get("metrics", {}).items():
-            if isinstance(v, (int, float)):
-                self.run.summary[f"test/{k}"] = v
+        metrics = {k: v for k, v in results.get("metrics", {}).items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self.run.log({f"final/{k}": v for k, v in metrics.items()}, step=self.step, commit=True)
+        for k, v in metrics.items():  # the summary is results.json's final predictive, not the last epoch's
+            self.run.summary[f"test/{k}"] = v
+            self.run.summary[f"final/{k}"] = v
 
     def finish(self) -> None:
         self.run.finish()

@@ -1,10 +1,11 @@
-"""What a stop signal (SIGTERM / SIGUSR1 / SIGUSR2) does to a whole job, and the exit code it leaves.
+"""What a stop signal (SIGTERM / SIGUSR1 / SIGUSR2 / SIGINT) does to a whole job, and the exit code it leaves.
 
 Inside the training loop the trainer finishes the step and checkpoints (``trainer.Preempted``). Outside it
 (building, the final evaluation, writing results) :class:`JobSignals` raises ``Preempted`` at once. Then:
 
 * ``results.json`` was written by this run -> the run is complete: exit 0 (nothing to requeue);
 * otherwise -> exit 75 (EX_TEMPFAIL): rerun / requeue the same command and it resumes from the checkpoint;
+  Ctrl-C (SIGINT) -> exit 130, the same checkpoint; a second Ctrl-C stops at once (``KeyboardInterrupt``);
 * inside a submitit job, a signal whose handler submitit installed (SIGUSR2: time limit or
   ``job._interrupt()``) is handed to that handler after the checkpoint: submitit resubmits the same Hydra
   job (same overrides, same run dir), which resumes -- on SLURM via ``scontrol requeue``.
@@ -17,7 +18,10 @@ import signal
 import sys
 from pathlib import Path
 
-from flatbnn.engine.trainer import STOP_SIGNALS, Preempted
+from flatbnn.engine.trainer import INTERRUPTED_EXIT_CODE, STOP_SIGNALS, Preempted
+
+
+_active: "JobSignals | None" = None  # the job's guard (check_stop)
 
 
 class JobSignals:
@@ -27,8 +31,13 @@ class JobSignals:
     def __init__(self):
         self.previous: dict = {}
         self.fired = False
+        self.signum: int | None = None
 
     def __enter__(self):
+        global _active
+        _active = self
+        self._unraisable = sys.unraisablehook
+        sys.unraisablehook = self._unraisable_hook
         for sig in STOP_SIGNALS:
             try:
                 self.previous[sig] = signal.signal(sig, self._handle)
@@ -38,11 +47,22 @@ class JobSignals:
 
     def _handle(self, signum, frame):
         if self.fired:
+            if signum == signal.SIGINT:  # a second Ctrl-C: stop at once
+                raise KeyboardInterrupt
             return
-        self.fired = True
+        self.fired, self.signum = True, signum
         raise Preempted(f"stopped by {signal.Signals(signum).name} outside the training loop", signum)
 
+    def _unraisable_hook(self, unraisable):
+        # our Preempted raised where Python ignores exceptions (a fork hook, __del__): check_stop raises it again
+        # later; no "Exception ignored in ..." traceback for it
+        if not isinstance(unraisable.exc_value, Preempted):
+            self._unraisable(unraisable)
+
     def __exit__(self, *exc):
+        global _active
+        _active = None
+        sys.unraisablehook = self._unraisable
         for sig, old in self.previous.items():
             signal.signal(sig, old)
 
@@ -52,6 +72,16 @@ class JobSignals:
         if not os.environ.get("SUBMITIT_EXECUTOR") or not callable(old):
             return None
         return old
+
+
+def check_stop() -> None:
+    """Raise the ``Preempted`` of a stop signal that arrived outside the training loop but was swallowed where
+    it was raised (Python ignores exceptions in fork hooks -- a DataLoader starting its workers -- and in
+    ``__del__``; a library may catch ``Exception``): called before results.json is written, so a stopped run
+    exits 75 instead of finishing as if never asked to stop."""
+    guard = _active
+    if guard is not None and guard.signum is not None:
+        raise Preempted(f"stopped by {signal.Signals(guard.signum).name} outside the training loop", guard.signum)
 
 
 def mtime(path: Path) -> int | None:
@@ -75,6 +105,8 @@ def stop(exc: Preempted, guard: JobSignals, *, results: Path | None, mtime_befor
         print(f"flatbnn: {exc}; {results} is already written: the run is complete", file=sys.stderr)
         return
     print(f"flatbnn: {exc}", file=sys.stderr)
+    if exc.signum == signal.SIGINT:  # a person stopped it: not a requeue
+        sys.exit(INTERRUPTED_EXIT_CODE)
     handler = guard.submitit_handler(exc.signum)
     if handler is not None:
         # submitit checkpoints the launcher (= the same Hydra job) and requeues; on rank > 0 it returns

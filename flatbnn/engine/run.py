@@ -9,7 +9,9 @@ both write.
 from __future__ import annotations
 
 import copy
+import json
 import math
+import os
 import sys
 import time
 import types
@@ -27,13 +29,13 @@ from torch.utils.data import DataLoader
 from flatbnn.engine import distributed as D
 from flatbnn.engine import graphed
 from flatbnn.engine.backprop import Backprop, seed_everything
-from flatbnn.engine.checkpoint import (CheckpointError, RunDirLock, RunDirLocked, load_checkpoint,
-                                      remove_stale_temp_files, write_bytes, write_json)
+from flatbnn.engine.checkpoint import (CheckpointError, RunDirLock, RunDirLocked, checkpoint_problem,
+                                      load_checkpoint, remove_stale_temp_files, write_bytes, write_json)
 from flatbnn.engine.compiling import compile_model, save_compile_cache
 from flatbnn.engine.loggers import JsonlLogger
 from flatbnn.engine.provenance import git_commit, hardware
 from flatbnn.engine.report import RunReport, report_final, report_start
-from flatbnn.engine.trainer import Trainer
+from flatbnn.engine.trainer import Trainer, ignore_stop_signals, position_problem
 from flatbnn.methods.base import RunContext
 from flatbnn.reproduce.aggregate import flatten  # {'a': {'b': 1}} -> {'a.b': 1} (light: no torch)
 from flatbnn.metrics.evaluate import EvalConfig, dataset_targets, evaluate
@@ -49,7 +51,15 @@ def run_dir_from_hydra() -> Path:
 def _loader(dataset, batch_size, sampler, num_workers, device, seed, shuffle=False):
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=shuffle if sampler is None else False,
                       num_workers=num_workers, pin_memory=device.type == "cuda", drop_last=False,
-                      generator=torch.Generator().manual_seed(seed), persistent_workers=False)
+                      generator=torch.Generator().manual_seed(seed), persistent_workers=False,
+                      worker_init_fn=ignore_stop_signals if num_workers else None)
+
+
+def smallest_batch(n_samples: int, per_rank: int, steps_per_epoch: int) -> int:
+    """The smallest batch one process trains on in an epoch of ``n_samples`` (its share of the train set)
+    cut into batches of ``per_rank`` (no drop_last), ``steps_per_epoch`` of them taken."""
+    full, rest = divmod(n_samples, per_rank)
+    return rest if rest and steps_per_epoch > full else min(per_rank, n_samples)
 
 
 @dataclass
@@ -173,6 +183,16 @@ def build(cfg: DictConfig, run_dir: Path | None = None, *, training: bool = True
         val_loader = _loader(bundle.val, eval_bs, D.eval_sampler(bundle.val, info), tc.num_workers, device, cfg.seed)
     steps_per_epoch = len(train_loader) if tc.limit_train_batches is None else min(
         len(train_loader), tc.limit_train_batches)
+    # m-sharpness cuts every batch into flatness.m chunks: a short last batch with fewer images than m would
+    # stop the run at the epoch's last step, before its checkpoint, on every rerun
+    m = int(cfg.flatness.get("m", 1) or 1)
+    shortest = smallest_batch(len(sampler), per_rank, steps_per_epoch)
+    if m > 1 and shortest < m:
+        from flatbnn.engine.validate import ConfigError
+        raise ConfigError(
+            f"flatness.m={m} exceeds the smallest batch of an epoch ({shortest} images: {len(sampler)} train images "
+            f"per process in batches of {per_rank}); use flatness.m<={shortest}, or a trainer.batch_size / "
+            f"dataset.train_subset that leaves no last batch smaller than m")
 
     # ---------------------------------------------------------------- method x flatness
     flatness = instantiate(cfg.flatness)
@@ -345,7 +365,8 @@ def results_meta(b: Built, *, steps: int, train_seconds: float, wall_seconds: fl
         "flatness": b.flatness.describe(), "seed": cfg.seed, "epochs": b.total_epochs,
         "budget": {"epochs": b.total_epochs, "steps": steps, "steps_per_epoch": b.steps_per_epoch,
                    "train_size": len(b.bundle.train), "test_size": len(b.bundle.test),
-                   "global_batch": tc.batch_size,
+                   # what a step trained on: the configured batch, or the whole train set where that is smaller
+                   "global_batch": min(tc.batch_size, len(b.bundle.train)),
                    "world_size": b.info.world_size if world_size is None else world_size,
                    "precision": tc.precision},
         "metric_conventions": {"ece_bins": eval_cfg.ece_bins, "ece_binning": eval_cfg.ece_binning,
@@ -381,6 +402,8 @@ RESUME_EXEMPT = ("trainer.resume", "trainer.resume_overrides", "trainer.init_fro
 # current step) instead of restoring the old one's parameters
 _SCHEDULE_KEYS = ("trainer.epochs", "trainer.limit_train_batches", "scheduler")
 _HYDRA_FILES = ("config.yaml", "overrides.yaml", "hydra.yaml")
+# keys whose change alters the steps per epoch (a checkpoint's position is then checked against epochs only)
+_STEP_KEYS = ("trainer.limit_train_batches", "trainer.batch_size", "dataset")
 
 
 class ResumeConfigMismatch(CheckpointError):
@@ -443,6 +466,13 @@ def claim_run_dir(b: Built) -> Claim:
             if not any(_covered(key, [k]) for key in keys):
                 raise ValueError(f"trainer.resume_overrides: {k} is not a config key (e.g. optimizer.lr)")
         state = load_checkpoint(b.resume_ckpt) if b.resume_ckpt is not None else None
+        if state is not None:  # structure and position, before anything is written or moved
+            problem = checkpoint_problem(state, info.world_size) or position_problem(
+                state, b.total_epochs, b.steps_per_epoch, _steps_changed(state, config_changes(
+                    state.get("config"), OmegaConf.to_container(cfg, resolve=True)) if state.get("config") else {}))
+            if problem is not None:
+                raise CheckpointError(f"{b.resume_ckpt}: {problem}; delete it to start over, or set "
+                                      f"trainer.resume=false")
         reference, source = None, None
         resolved = run_dir / "config_resolved.yaml"
         if state is not None:
@@ -464,8 +494,9 @@ def claim_run_dir(b: Built) -> Claim:
                 f"or continue this run with the change applied (trainer.resume_overrides=[{','.join(refused)}])")
         if info.is_main:
             _keep_run_dir_config(run_dir, current)
-            for p in remove_stale_temp_files(run_dir / "checkpoints"):
-                print(f"removed {p} (left by a killed checkpoint write)", file=sys.stderr)
+            for d in (run_dir, run_dir / "checkpoints"):  # results.json's and the checkpoints' temp files
+                for p in remove_stale_temp_files(d):
+                    print(f"removed {p} (left by a killed write)", file=sys.stderr)
     except BaseException:
         if lock is not None:
             _restore_hydra_files(run_dir)
@@ -557,13 +588,74 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict | None:
     git_start = git_commit()  # the code this process trains with (read now: the tree may change while it runs)
     from flatbnn.engine.validate import validate_config
     validate_config(cfg, run_dir or run_dir_from_hydra())  # types, ranges, device, writable run dir: before any data
+    from flatbnn.reproduce.launch import check_cell_choice
+    check_cell_choice(cfg, _hydra_choice("cell"))  # a reproduce job carries its cell's keys
+    _check_group_files()  # an experiment / method file that is a YAML list is refused, not ignored
     b = build(cfg, run_dir, training=True)
     claim = claim_run_dir(b)  # nothing in the run dir is written before this passed
     try:
+        done = finished_results(b, claim)
+        if done is not None:
+            if b.info.is_main:
+                print(f"{b.run_dir} is already finished ({b.total_epochs} epochs, results.json); nothing to do "
+                      f"(evaluate.py re-evaluates it, trainer.resume=false trains it again)", file=sys.stderr)
+            D.barrier(b.info)
+            D.cleanup(b.info)
+            return done if b.info.is_main else None
         return _train_and_evaluate(b, claim, t_start, git_start)
     finally:
         if claim.lock is not None:
             claim.lock.release()
+
+
+def _steps_changed(state: dict, changes: dict) -> bool:
+    """Did this resume, or an earlier one of the run, change the steps per epoch (resume_overrides)?"""
+    changed = list(changes) + [k for h in (state.get("resume_changes") or []) for k in h.get("changes", {})]
+    return any(_covered(k, _STEP_KEYS) for k in changed)
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
+def finished_results(b: Built, claim: Claim) -> dict | None:
+    """results.json of a run this rerun would only repeat: it resumes (``trainer.resume`` true) a run dir
+    whose checkpoint stands at the end of this config's epochs -- or that has results.json and no checkpoint
+    (``trainer.checkpoint_every=0``, or one removed after the run finished) and nothing changed."""
+    results = b.run_dir / "results.json"
+    if b.cfg.trainer.resume not in (True, "auto") or not results.exists():
+        return None
+    if claim.state is not None:
+        finished = claim.state.get("epoch") == b.total_epochs and not claim.state.get("step_in_epoch")
+    else:
+        finished = not claim.changes
+    return json.loads(results.read_text()) if finished else None
+
+
+# what a run writes into its run dir: an earlier run's copy must not stand beside a new run (aggregate.py would
+# show its numbers under the new config, reproduce would take the dir for done)
+FINAL_OUTPUTS = ("results.json", "reliability.png", "failed.txt")
+RUN_STATE = ("metrics.jsonl", "checkpoints", "wandb_id.txt")  # also an earlier run's, unless this one resumes it
+
+
+def move_aside_earlier_outputs(run_dir: Path, *, resuming: bool) -> Path | None:
+    """Before the first step: move the outputs of an earlier run in ``run_dir`` (a finished run restarted with
+    ``trainer.resume=false``, one whose epochs were extended) to ``.flatbnn/replaced/<UTC time>/`` and say so;
+    ``results.json`` becomes ``results.json.replaced`` there, so no tool reads it as a run."""
+    names = FINAL_OUTPUTS + (() if resuming else RUN_STATE)
+    found = [n for n in names if (run_dir / n).exists()]
+    if not found:
+        return None
+    aside = run_dir / ".flatbnn" / "replaced" / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    aside.mkdir(parents=True, exist_ok=True)
+    for n in found:
+        os.replace(run_dir / n, aside / (f"{n}.replaced" if n == "results.json" else n))
+    print(f"moved the earlier run's {', '.join(found)} to {aside} (this run starts "
+          f"{'from its checkpoint' if resuming else 'over'}; they are not this run's)", file=sys.stderr)
+    return aside
 
 
 def _train_and_evaluate(b: Built, claim: "Claim", t_start: float, git_start: dict | None = None) -> dict | None:
@@ -580,16 +672,21 @@ def _train_and_evaluate(b: Built, claim: "Claim", t_start: float, git_start: dic
     ckpt = b.resume_ckpt
     if ckpt is not None:
         fresh = _optimizer_snapshot(method)  # this config's hyperparameters, before the checkpoint's replace them
-        trainer.restore(claim.state, method, b.backprop, b.generator, path=ckpt)
+        trainer.restore(claim.state, method, b.backprop, b.generator, path=ckpt, steps_per_epoch=b.steps_per_epoch,
+                        schedule_changed=_steps_changed(claim.state, claim.changes))
         _apply_resume_overrides(method, fresh, list(claim.changes))
-        if info.is_main:
-            print(f"resuming from {ckpt} at epoch {trainer.epoch}, step {trainer.step_in_epoch}"
+        if info.is_main:  # the numbering of the stop line: epoch (1-based) in progress, steps done in it
+            where = (f"after its {trainer.epoch} epochs (the final evaluation)" if trainer.epoch >= b.total_epochs
+                     else f"at epoch {trainer.epoch + 1}, step {trainer.step_in_epoch} of {b.steps_per_epoch}")
+            print(f"resuming from {ckpt} {where}"
                   + (f", with {', '.join(f'{k}={v[1]}' for k, v in claim.changes.items())} applied (was "
                      f"{', '.join(str(v[0]) for v in claim.changes.values())})" if claim.changes else ""),
                   file=sys.stderr)
     elif b.init_from is not None and info.is_main:
         print(f"initialised the model from {b.init_from['path']}", file=sys.stderr)
-    if info.is_main:
+    if info.is_main:  # the checkpoint restored (or none): from here on this run writes its outputs
+        move_aside_earlier_outputs(run_dir, resuming=ckpt is not None and _same_path(
+            ckpt, run_dir / "checkpoints" / "last.pt"))
         run_dir.mkdir(parents=True, exist_ok=True)
         trainer.loggers = [JsonlLogger(run_dir, resume_epoch=trainer.epoch)]
         container = OmegaConf.to_container(cfg, resolve=True)
@@ -630,6 +727,8 @@ def _train_and_evaluate(b: Built, claim: "Claim", t_start: float, git_start: dic
         if history:  # values changed on a resume (trainer.resume_overrides): where and what
             meta["resume_changes"] = history
         results = {"metrics": metrics, "meta": meta}
+        from flatbnn.engine.preemption import check_stop
+        check_stop()  # a stop signal during the final evaluation whose Preempted was swallowed: exit 75, not 0
         write_json(run_dir / "results.json", results)
         report_final(report, b, results, run_dir / "results.json")
         for lg in trainer.loggers:
@@ -659,6 +758,22 @@ def _model_name(cfg) -> str:
         return HydraConfig.get().runtime.choices.get("model", cfg.model.name)
     except Exception:
         return cfg.model.get("name", "unknown")
+
+
+def _check_group_files() -> None:
+    from hydra.core.hydra_config import HydraConfig
+    if HydraConfig.initialized():
+        from flatbnn.cli import check_group_files
+        rt = HydraConfig.get().runtime
+        check_group_files(dict(rt.choices), rt.config_sources)
+
+
+def _hydra_choice(group: str) -> str | None:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        return HydraConfig.get().runtime.choices.get(group) if HydraConfig.initialized() else None
+    except Exception:
+        return None
 
 
 def _overrides() -> list:

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from flatbnn.engine import distributed as D
 from flatbnn.engine.backprop import global_rng_state, set_global_rng_state
-from flatbnn.engine.checkpoint import CheckpointError, link_checkpoint, save_checkpoint
+from flatbnn.engine.checkpoint import CheckpointError, checkpoint_problem, link_checkpoint, save_checkpoint
 
 CHECKPOINT_FORMAT = 1
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again" -- requeue the job, it resumes from the checkpoint
@@ -40,8 +40,18 @@ class Preempted(Exception):
         self.signum = signum  # which signal stopped the run (train.py hands SIGUSR2 on to submitit's requeue)
 
 
-# SIGTERM / SIGUSR1 (SLURM preemption, `scancel --signal`) and SIGUSR2 (submitit's time-limit / preemption signal)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+# SIGTERM / SIGUSR1 (SLURM preemption, `scancel --signal`), SIGUSR2 (submitit's time-limit / preemption signal) and
+# SIGINT (Ctrl-C: the same stop, exit 130; a second Ctrl-C stops at once)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for Ctrl-C
+
+
+def ignore_stop_signals(worker_id: int | None = None) -> None:
+    """DataLoader ``worker_init_fn``: a job's stop signal goes to its whole process group (SLURM, docker,
+    systemd, Ctrl-C); a worker that died of it would fail the main process's next batch before it could
+    checkpoint. Workers ignore it; the main process stops them when it leaves the loop."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 class _StopFlag:
@@ -61,6 +71,8 @@ class _StopFlag:
         return self
 
     def _handle(self, signum, frame):
+        if self.raised and signum == signal.SIGINT:  # a second Ctrl-C: stop now (the last checkpoint stays)
+            raise KeyboardInterrupt
         self.raised = True
         self.signum = signum
 
@@ -70,6 +82,21 @@ class _StopFlag:
         if self.raised and exc_type is None and callable(self._old.get(self.signum)):
             # arrived after the last step's check (final epoch end): the caller's handler (train.py) must see it
             signal.raise_signal(self.signum)
+
+
+def position_problem(state: dict, epochs: int, steps_per_epoch: int | None, steps_changed: bool) -> str | None:
+    """Does a checkpoint's position (epoch, step in it, global step) fit this run's schedule? A hand-edited
+    ``epoch`` would otherwise finish with ``meta.epochs`` claiming the full budget while ``steps`` says not."""
+    epoch, step, global_step = state["epoch"], state["step_in_epoch"], state["global_step"]
+    if epoch > epochs or (epoch == epochs and step):
+        return (f"its position (epoch {epoch}, step {step}) is past this run's {epochs} epochs "
+                f"(more epochs: trainer.epochs=<n> trainer.resume_overrides=[trainer.epochs])")
+    if steps_per_epoch is None or steps_changed:  # the steps per epoch changed on a resume: no single formula
+        return None
+    if step >= steps_per_epoch or global_step != epoch * steps_per_epoch + step:
+        return (f"its position disagrees with the schedule: epoch {epoch}, step {step} at {steps_per_epoch} "
+                f"steps per epoch is global step {epoch * steps_per_epoch + step}, the checkpoint says {global_step}")
+    return None
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -110,40 +137,61 @@ class Trainer:
         self.history_tail: dict = {}
         # replaces method.train_step when set (trainer.cuda_graph: engine/graphed.py's GraphedStep)
         self.train_step = None
+        self._epoch_sums: dict | None = None  # the resumed epoch's running sums (restore)
 
     # ---------------------------------------------------------------- state
-    def state(self, method, backprop, generator, extra: dict) -> dict:
+    def state(self, method, backprop, generator, extra: dict, epoch_sums: dict | None = None) -> dict:
         rng = {"global": global_rng_state(), "generator": generator.get_state() if generator is not None else None}
-        all_rng = [rng]
+        per_rank = [(rng, epoch_sums)]
         if self.info.enabled:
-            all_rng = [None] * self.info.world_size
-            torch.distributed.all_gather_object(all_rng, rng)
+            per_rank = [None] * self.info.world_size
+            torch.distributed.all_gather_object(per_rank, (rng, epoch_sums))
         return {
             "format": CHECKPOINT_FORMAT,
             "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
             "elapsed": self.elapsed, "world_size": self.info.world_size,
             "method": method.state_dict(), "backprop": backprop.state_dict(),
-            "rng": all_rng, **extra,
+            "rng": [r for r, _ in per_rank],
+            # a mid-epoch checkpoint: the running sums of the epoch so far (per rank), so the resumed epoch's
+            # metrics.jsonl line is the uninterrupted run's
+            "epoch_sums": [e for _, e in per_rank] if epoch_sums is not None else None,
+            **extra,
         }
 
-    def restore(self, state: dict, method, backprop, generator, path: Path | None = None) -> None:
+    def restore(self, state: dict, method, backprop, generator, path: Path | None = None, *,
+                steps_per_epoch: int | None = None, schedule_changed: bool = False) -> None:
+        """Put the run back where ``state`` stands. Its structure and position are checked first: a
+        hand-edited or foreign checkpoint is one line naming the file and what is wrong, not a traceback
+        from deep inside ``load_state_dict`` (nor a run whose ``meta.epochs`` and ``steps`` disagree)."""
+        where = path or "the checkpoint"
         if state.get("world_size", 1) != self.info.world_size:
             raise CheckpointError(
-                f"{path or 'the checkpoint'} was written by {state['world_size']} processes, this run has "
+                f"{where} was written by {state['world_size']} processes, this run has "
                 f"{self.info.world_size}; resume with the same number (results depend on it), or start afresh "
                 f"with trainer.resume=false or another hydra.run.dir")
+        problem = (checkpoint_problem(state, self.info.world_size)
+                   or position_problem(state, self.epochs, steps_per_epoch, schedule_changed))
+        if problem is not None:
+            raise CheckpointError(f"{where}: {problem}; delete it to start over, or set trainer.resume=false")
         self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
         self.global_step, self.elapsed = state["global_step"], state["elapsed"]
-        method.load_state_dict(state["method"])
-        backprop.load_state_dict(state["backprop"])
-        rng = state["rng"][self.info.rank]
-        set_global_rng_state(rng["global"])
-        if generator is not None and rng["generator"] is not None:
-            generator.set_state(rng["generator"])
+        self._epoch_sums = (state.get("epoch_sums") or [None] * self.info.world_size)[self.info.rank]
+        try:
+            method.load_state_dict(state["method"])
+            backprop.load_state_dict(state["backprop"])
+            rng = state["rng"][self.info.rank]
+            set_global_rng_state(rng["global"])
+            if generator is not None and rng["generator"] is not None:
+                generator.set_state(rng["generator"])
+        except (RuntimeError, KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+            first = " ".join(str(e).split())[:240] or type(e).__name__
+            raise CheckpointError(f"{where} does not fit this run ({type(e).__name__}: {first}); delete it to "
+                                  f"start over, or set trainer.resume=false") from None
         self._unverified = Path(path) if path is not None else None
 
-    def save(self, method, backprop, generator, extra: dict) -> None:
-        state = self.state(method, backprop, generator, extra)  # collective under DDP
+
+    def save(self, method, backprop, generator, extra: dict, epoch_sums: dict | None = None) -> None:
+        state = self.state(method, backprop, generator, extra, epoch_sums)  # collective under DDP
         if self.info.is_main:
             save_checkpoint(self.ckpt_path, state)
         self._unverified, self._last_is_good = self.ckpt_path, False
@@ -197,8 +245,10 @@ class Trainer:
                 sampler.skip = self.step_in_epoch * loader.batch_size
                 method.train()
                 t0 = time.perf_counter()
-                loss_sum, n_steps, n_images = 0.0, 0, 0
-                pending = []  # losses of steps not read yet (device tensors)
+                sums, self._epoch_sums = self._epoch_sums or {}, None  # a resumed epoch goes on from its sums
+                loss_sum, n_steps, n_images = sums.get("loss_sum", 0.0), sums.get("steps", 0), sums.get("images", 0)
+                seconds_before = sums.get("seconds", 0.0)
+                pending = []  # (loss, lr) of steps not read yet (the loss a device tensor)
                 bar = tqdm(total=steps_per_epoch, initial=self.step_in_epoch, disable=not self.progress,
                            desc=f"epoch {epoch + 1}/{self.epochs}", leave=False, dynamic_ncols=True)
                 for batch in loader:
@@ -207,8 +257,11 @@ class Trainer:
                     batch = self.to_device(batch)
                     if flatness.rho_schedule == "lr":
                         flatness.set_lr_ratio(method.lr_ratio())
+                    # the lr this step ran with, for the divergence line: a host float on the eager path (free);
+                    # a graphed step keeps it on the device (reading it would sync): then the lr at the check
+                    lr = method.lr() if self.train_step is None else None
                     out = (self.train_step or method.train_step)(batch, flatness, backprop)
-                    pending.append(out["loss"])
+                    pending.append((out["loss"], lr))
                     n_steps += 1
                     n_images += batch[1].numel()
                     self.step_in_epoch += 1
@@ -219,17 +272,24 @@ class Trainer:
                     if self._stop_requested(stop):
                         loss_sum += self._read_losses(pending, epoch, bar, method)  # never checkpoint a NaN
                         bar.close()
-                        self.elapsed += time.perf_counter() - t0
-                        self.save(method, backprop, generator, extra)
-                        raise Preempted(f"stopped by signal at epoch {epoch + 1}, step {self.step_in_epoch}; "
-                                        f"checkpoint {self.ckpt_path}; rerun the same command to resume",
-                                        stop.signum)
+                        seconds = time.perf_counter() - t0
+                        self.elapsed += seconds
+                        correct, seen = method.pop_train_accuracy()
+                        self.save(method, backprop, generator, extra, epoch_sums={
+                            "loss_sum": loss_sum, "steps": n_steps, "images": n_images,
+                            "correct": sums.get("correct", 0.0) + correct, "seen": sums.get("seen", 0) + seen,
+                            "seconds": seconds_before + seconds})
+                        raise Preempted(f"stopped by {signal.Signals(stop.signum).name} at epoch {epoch + 1}, "
+                                        f"step {self.step_in_epoch} of {steps_per_epoch}; checkpoint "
+                                        f"{self.ckpt_path}; rerun the same command to resume", stop.signum)
                 loss_sum += self._read_losses(pending, epoch, bar, method)
                 bar.close()
                 method.on_epoch_end(epoch)
                 train_time = time.perf_counter() - t0
                 self.elapsed += train_time
+                train_time += seconds_before  # images/s over the whole epoch's steps, before and after a resume
                 correct, seen = method.pop_train_accuracy()
+                correct, seen = correct + sums.get("correct", 0.0), seen + sums.get("seen", 0)
                 loss_sum, n_steps, n_images, correct, seen = D.all_reduce_sum(
                     [loss_sum, n_steps, n_images, correct, seen], self.info, self.device)
                 record = {"epoch": epoch + 1, "step": self.global_step,
@@ -261,7 +321,7 @@ class Trainer:
         if not pending:
             return 0.0
         losses = torch.stack([torch.as_tensor(v, device=self.device).detach().double().reshape(())
-                              for v in pending]).cpu().tolist()
+                              for v, _ in pending]).cpu().tolist()
         if self._unverified is not None and math.isfinite(losses[0]):  # the first step after the checkpoint
             self._promote()
         for i, loss in enumerate(losses):
@@ -269,7 +329,7 @@ class Trainer:
                 back = len(losses) - i - 1  # steps taken after the bad one
                 raise Diverged(
                     f"non-finite loss ({loss}) at epoch {epoch + 1}, step {self.step_in_epoch - back} "
-                    f"(global step {self.global_step - back}, lr {method.lr():.3g}); "
+                    f"(global step {self.global_step - back}, lr {pending[i][1] if pending[i][1] is not None else method.lr():.3g}); "
                     f"{self._rewind_after_divergence()}; rerun the same command with a lower optimizer.lr and "
                     f"trainer.resume_overrides=[optimizer.lr] (likewise flatness.rho, or trainer.precision=fp32)")
         pending.clear()

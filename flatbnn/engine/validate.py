@@ -28,12 +28,14 @@ class ConfigError(ValueError):
     """A config value that cannot work: one line, exit 2."""
 
 
+# the per-process noise generator is seeded with seed * 1_000_003 + rank, a signed 64-bit integer (room for 1024 ranks)
+SEED_MAX = (2**63 - 1) // 1_000_003 - 1024
 # kind, constraint: "int" / "float" with (lo, hi, lo_inclusive) bounds, "bool", or a tuple of choices;
 # ``None`` in the rule's third slot: the key may be null
 _POS_INT = ("int", (1, None))
 _NONNEG_INT = ("int", (0, None))
 RULES: dict[str, tuple] = {
-    "seed": ("int", (0, None)),
+    "seed": ("int", (0, SEED_MAX)),
     "trainer.epochs": ("int", (0, None)),               # 0 = evaluate the loaded weights (rows/fsam_t2.yaml)
     "trainer.batch_size": _POS_INT,
     "trainer.eval_batch_size": _POS_INT,
@@ -118,7 +120,7 @@ def _check(key: str, value, rule: tuple) -> str | None:
     if lo is not None and (value < lo or (value == lo and not lo_incl)):
         return f"must be {'>=' if lo_incl else '>'} {lo:g}"
     if hi is not None and (value > hi or (value == hi and not hi_incl)):
-        return f"must be {'<=' if hi_incl else '<'} {hi:g}"
+        return f"must be {'<=' if hi_incl else '<'} {hi if isinstance(hi, int) else format(hi, 'g')}"
     return None
 
 

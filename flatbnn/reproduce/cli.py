@@ -19,13 +19,16 @@ row); the comparison then goes to ``DIR/comparison/<row>/``, not into the commit
 ``--results results/reproduce`` says so (e.g. paper-scale runs on a cluster's scratch disk, tables into the repo).
 Rerunning ``run`` skips finished (cell, seed) jobs and resumes interrupted ones from their checkpoints;
 ``--missing`` also skips the jobs the row's committed records hold (a fresh clone: only what no record has).
-Exit codes: 0 all jobs done (blocked cells are reported, not failures), 1 a job failed, 2 bad spec / missing data.
+Exit codes: 0 all jobs done (blocked cells are reported, not failures), 1 a job failed, 2 bad spec / missing data,
+75 stopped by SIGTERM / SIGUSR1 / SIGUSR2 (handed on to the sweep, whose running job checkpointed; rerun to resume),
+130 Ctrl-C (likewise).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -43,10 +46,17 @@ def _sweep_dir(args, name: str) -> Path | None:
 
 def _results_root(args) -> Path | None:
     """Where comparisons and run records go: ``--results``; else beside a ``--out`` sweep (a scratch sweep must not
-    overwrite the committed tables); else None = the repo's results/reproduce/."""
+    overwrite the committed tables); else, for ``run`` at the smoke scale, outputs/reproduce/comparison (a smoke run
+    of one row in a fresh clone must not rewrite committed files; ``--results results/reproduce`` asks for it);
+    else None = the repo's results/reproduce/."""
     if args.results is not None:
         return Path(args.results)
-    return Path(args.out) / "comparison" if args.out is not None else None
+    if args.out is not None:
+        return Path(args.out) / "comparison"
+    if args.cmd == "run" and args.scale == "smoke":
+        from flatbnn.reproduce.launch import OUTPUT_ROOT
+        return OUTPUT_ROOT / "comparison"
+    return None
 
 
 def _run_row(name: str, args, extra: list[str]) -> int:
@@ -77,11 +87,13 @@ def _run_row(name: str, args, extra: list[str]) -> int:
         for line in failed:
             print(f"  FAILED {line}", file=sys.stderr)
         rc = 1 if failed or summary["returncode"] not in (0,) else 0
-        if summary["returncode"] == 75:
-            rc = 75
+        if summary["returncode"] in (75, 130):  # stopped (signal / Ctrl-C): checkpointed, rerun to resume
+            print(f"reproduce {name}: stopped (exit {summary['returncode']}); the running job checkpointed: rerun "
+                  f"the same command to resume", file=sys.stderr)
+            return summary["returncode"]
     if not args.dry_run and not args.no_compare:
         root = _results_root(args)
-        path = write_comparison(row, args.scale, out=out, dest=root / name if root else None)
+        path = write_comparison(row, args.scale, out=out, dest=root / name if root else None, force=args.force)
         print(f"comparison: {path}", file=sys.stderr)
     return rc
 
@@ -101,6 +113,9 @@ def _print_estimates(row, args, extra: list[str], command: list[str]) -> None:
     print(f"  {len(est)} jobs: ~{fmt_duration(sum(e.seconds for _, e in est))} of training on {device} one after "
           f"another ({measured} at a measured rate, {len(est) - measured} assumed; flatbnn/reproduce/cost.py)",
           file=sys.stderr)
+
+
+CHILDREN: list = []  # the `run <row>` processes of `all --jobs N`
 
 
 def _run_rows_in_parallel(names: list[str], args, extra: list[str]) -> list[int]:
@@ -124,9 +139,11 @@ def _run_rows_in_parallel(names: list[str], args, extra: list[str]) -> list[int]
 
     def one(name: str) -> int:
         t0 = time.monotonic()
-        p = subprocess.run([sys.executable, "-m", "flatbnn.reproduce.cli", "run", name, *flags, *row_flags(name),
-                            "--", *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env)
-        sys.stderr.write(f"===== {name} (exit {p.returncode}, {time.monotonic() - t0:.0f} s)\n{p.stdout}")
+        p = subprocess.Popen([sys.executable, "-m", "flatbnn.reproduce.cli", "run", name, *flags, *row_flags(name),
+                              "--", *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env)
+        CHILDREN.append(p)  # a stop signal is handed on to each row (see main)
+        stdout = p.communicate()[0]
+        sys.stderr.write(f"===== {name} (exit {p.returncode}, {time.monotonic() - t0:.0f} s)\n{stdout}")
         sys.stderr.flush()
         return p.returncode
 
@@ -175,6 +192,8 @@ def main(argv=None) -> int:
     cmp_.add_argument("--out", type=Path, default=None, help="the sweep dir the runs are in")
     cmp_.add_argument("--results", type=Path, default=None,
                       help="where the comparison goes (default results/reproduce, or OUT/comparison)")
+    cmp_.add_argument("--force", action="store_true",
+                      help="replace an existing comparison built from more finished runs than this one")
     sub.add_parser("status")
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -183,6 +202,24 @@ def main(argv=None) -> int:
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1:]
     args = ap.parse_args(argv)
+
+    def stopped(signum, frame):  # outside a sweep (run_sweep hands it on to the sweep while one runs)
+        running = [p for p in CHILDREN if p.poll() is None]
+        for p in running:  # `all --jobs N`: each row's process hands it on to its sweep and waits for it
+            p.send_signal(signum)
+        for p in running:
+            p.wait()
+        print(f"reproduce: stopped by {signal.Signals(signum).name}"
+              + (f" ({len(running)} row processes stopped with it)" if running else " (no job was running)")
+              + "; rerun the same command to go on", file=sys.stderr)
+        sys.exit(75)
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
+        try:
+            previous[sig] = signal.signal(sig, stopped)
+        except ValueError:  # main() called from another thread: its caller's signals stay its own
+            pass
     try:
         if args.cmd == "list":
             for name in list_rows():
@@ -229,7 +266,7 @@ def main(argv=None) -> int:
             from flatbnn.reproduce.compare import write_comparison
             root = _results_root(args)
             print(write_comparison(load_row(args.row), args.scale, out=args.out,
-                                   dest=root / args.row if root else None))
+                                   dest=root / args.row if root else None, force=args.force))
             return 0
         if args.cmd == "status":
             from flatbnn.reproduce.status import write_status
@@ -238,6 +275,12 @@ def main(argv=None) -> int:
     except (SpecError, FileNotFoundError) as e:
         print(f"reproduce: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C outside a sweep (composing cells, writing a comparison): nothing to save
+        print("reproduce: interrupted (Ctrl-C); rerun the same command to go on", file=sys.stderr)
+        return 130
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
     return 0
 
 

@@ -611,17 +611,36 @@ def _ours_only_markdown(c: dict) -> list[str]:
     return lines
 
 
-def write_comparison(row: Row, scale: str, out: Path | None = None, dest: Path | None = None) -> Path:
+def finished_runs(comparison: dict) -> int:
+    """How many (cell, seed) runs a comparison was built from."""
+    return sum(st == "done" for cell in (comparison.get("jobs") or {}).values() for st in cell.values())
+
+
+def write_comparison(row: Row, scale: str, out: Path | None = None, dest: Path | None = None,
+                     force: bool = False) -> Path:
     """Write ``results/reproduce/<row>/<scale>.json`` (always) and ``<scale>.md`` (not for smoke), with the
     figures the row's analysis produced copied beside the Markdown. First every finished run is archived as a
     committed record (``<dest>/<scale>/runs/``, flatbnn/reproduce/archive.py), which stands in for any run dir
-    that is gone: a later session adds seeds to the same table."""
+    that is gone: a later session adds seeds to the same table. A comparison built from fewer finished runs
+    than the one already there (an interrupted rerun, a row whose earlier runs have no records) does not
+    replace it unless ``force``: the existing one is kept and a line says so."""
     from flatbnn.reproduce.archive import archive_row
 
     dest = Path(dest or RESULTS_ROOT / row.row)
     archive_root = dest.parent
     archive_row(row, scale, Path(out or OUTPUT_ROOT / row.row / scale), archive_root)
     c = build(row, scale, out, archive_root)
+    existing = dest / f"{scale}.json"
+    if existing.exists() and not force:
+        try:
+            before = finished_runs(json.loads(existing.read_text()))
+        except (OSError, ValueError):
+            before = 0
+        if before > finished_runs(c):
+            print(f"compare {row.row} ({scale}): kept {existing.with_suffix('.md' if scale != 'smoke' else '.json')} "
+                  f"({before} finished runs); this build has only {finished_runs(c)} (the others' run dirs and "
+                  f"records are not here): not replaced (--force replaces it)", file=sys.stderr)
+            return existing.with_suffix(".md") if scale != "smoke" else existing
     dest.mkdir(parents=True, exist_ok=True)
     if any(st == "done" for cell in c["jobs"].values() for st in cell.values()):
         Path(c["out"]).mkdir(parents=True, exist_ok=True)  # records only (a fresh clone): figures still drawn

@@ -104,13 +104,17 @@ class VariationalSAM(Method):
         uses its closed-form gradient, :meth:`m_grad`, checked against autograd of this in the tests)."""
         quad = sum((g.detach() ** 2 / (m * m)).sum() for g, m in zip(grads, self.M))
         penalty = sum(((1.0 / (m * m)) / self.prior_std + torch.log(m * m)).sum() for m in self.M)
-        return self.rho * torch.sqrt(quad + self.eps) + penalty / (2.0 * self.n_data)
+        return self.rho * torch.sqrt(quad) + penalty / (2.0 * self.n_data)
 
     @torch.no_grad()
     def m_grad(self, g: torch.Tensor, m: torch.Tensor, quad: torch.Tensor) -> torch.Tensor:
-        """d m_loss / d M, flat: -rho g^2 / (M^3 sqrt(quad + eps)) + (1/N)(1/M - 1/(sigma_prior M^3))."""
+        """d m_loss / d M, flat: -rho g^2 / (M^3 sqrt(quad)) + (1/N)(1/M - 1/(sigma_prior M^3)).
+
+        No epsilon under the root, as the official mloss: at the SAM-sized init (M ~ 2e4) quad ~ 1e-9, and an
+        eps of 1e-12 there moved this gradient by 0.3% (measured against meanfieldsam.VSAM). g = 0 gives 0."""
         m3 = m * m * m
-        return (-self.rho) * (g * g) / (m3 * torch.sqrt(quad + self.eps)) + \
+        norm = torch.sqrt(quad).clamp_min(torch.finfo(quad.dtype).tiny)
+        return (-self.rho) * (g * g) / (m3 * norm) + \
             (1.0 / m - 1.0 / (self.prior_std * m3)) / self.n_data
 
     def train_step(self, batch, flatness, backprop) -> dict:

@@ -52,3 +52,57 @@ def test_vsam_config_penalty_and_m_gradient_match_the_official_closed_form():
     got = unflatten(method.m_grad(*method._ellipsoid(g)), method.M)
     for a, b in zip(got, want_grad):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-24)
+
+
+# ------------------------------------------------------------------------------------------ 2. files in preflight
+def test_flatbnn_t4_refuses_to_start_without_each_networks_pretrained_weights(tmp_path, monkeypatch):
+    from flatbnn.reproduce.preflight import check_files
+
+    monkeypatch.delenv("FLATBNN_DENSENET161_WEIGHTS", raising=False)
+    monkeypatch.delenv("FLATBNN_RESNET152_WEIGHTS", raising=False)
+    row = load_row("flatbnn_t4")
+    with pytest.raises(FileNotFoundError) as e:
+        check_files(row, "paper", [])
+    msg = str(e.value)
+    assert "\n" not in msg and "model.pretrained_path" in msg and "densenet161-8d451a50.pth" in msg and "not set" in msg
+    (tmp_path / "d.pth").write_bytes(b"x")
+    monkeypatch.setenv("FLATBNN_DENSENET161_WEIGHTS", str(tmp_path / "d.pth"))
+    with pytest.raises(FileNotFoundError, match=r"resnet152-394f9c45\.pth.*not set|not set.*resnet152-394f9c45"):
+        check_files(row, "paper", [])  # one network's weights do not stand in for the other's
+    monkeypatch.setenv("FLATBNN_RESNET152_WEIGHTS", str(tmp_path / "missing.pth"))
+    with pytest.raises(FileNotFoundError, match="missing.pth does not exist"):
+        check_files(row, "paper", [])
+    (tmp_path / "missing.pth").write_bytes(b"x")
+    check_files(row, "paper", [])
+
+
+def test_flatbnn_t5_refuses_to_start_without_a_cifar10_c_folder(tmp_path, monkeypatch):
+    from flatbnn.reproduce.preflight import check_data
+
+    monkeypatch.delenv("FLATBNN_CIFAR10_C", raising=False)
+    row = load_row("flatbnn_t5")
+    for scale in ("paper", "cpu"):
+        with pytest.raises(FileNotFoundError) as e:
+            check_data(row, scale, [])
+        assert "\n" not in str(e.value) and "dataset.shift_root" in str(e.value) and "not set" in str(e.value)
+    monkeypatch.setenv("FLATBNN_CIFAR10_C", str(tmp_path / "nowhere"))
+    with pytest.raises(FileNotFoundError, match="nowhere does not exist"):
+        check_data(row, "paper", [])
+    check_data(row, "paper", [f"dataset.shift_root={tmp_path}"])  # a folder: accepted (its files: the loader's)
+
+
+def test_reproduce_run_preflights_an_eval_row_in_one_line(tmp_path, monkeypatch, capsys):
+    """`scripts/reproduce.py run flatbnn_t5 --scale paper` without CIFAR-10-C: exit 2 and one line before any job
+    (it used to start every evaluation job, each failing on an unresolved ${oc.env:FLATBNN_CIFAR10_C})."""
+    import importlib.util
+
+    from flatbnn.reproduce.spec import REPO
+
+    spec = importlib.util.spec_from_file_location("reproduce_cli", REPO / "scripts" / "reproduce.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    monkeypatch.delenv("FLATBNN_CIFAR10_C", raising=False)
+    assert cli.main(["run", "flatbnn_t5", "--scale", "paper", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "dataset.shift_root" in err and "not set" in err, err
+    assert not (tmp_path / "out").exists()

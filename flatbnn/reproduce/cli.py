@@ -75,7 +75,7 @@ def _run_row(name: str, args, extra: list[str]) -> int:
     elif row.kind == "script":
         rc = row_scripts.run_script_row(row, args.scale, dry_run=args.dry_run)
     else:
-        if args.scale != "smoke" and not args.dry_run and row.kind == "train":
+        if args.scale != "smoke" and not args.dry_run:  # eval rows: their own files (check_data)
             preflight.check_data(row, args.scale, extra, cells_glob=args.cells)
         launch_row = launch.launch_eval if row.kind == "eval" else launch.launch
         summary = launch_row(row, args.scale, out=out, extra=extra, launcher=args.launcher, force=args.force,

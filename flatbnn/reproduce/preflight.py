@@ -44,6 +44,8 @@ def check_data(row: Row, scale: str, extra: list[str], cells_glob: str | None = 
     from hydra.utils import instantiate
 
     check_files(row, scale, extra)
+    if row.kind == "eval":  # its data is the trained row's (checked when that row ran); only its own files here
+        return
     seen = set()
     for cell in select_cells(row.cells_for(scale), cells_glob, None):  # the cells the launcher runs (--cells)
         if cell.blocked:
@@ -65,23 +67,31 @@ def check_data(row: Row, scale: str, extra: list[str], cells_glob: str | None = 
 
 
 def check_files(row: Row, scale: str, extra: list[str]) -> None:
-    """The spec's ``requires`` entries with ``file: true`` (weights, checkpoints): the config key must name an
-    existing file in every runnable cell, else ONE line saying which key, which file and what it holds."""
+    """The spec's ``requires`` entries with ``file: true`` (weights, checkpoints) or ``dir: true`` (a data folder
+    read by path, e.g. CIFAR-10-C): the config key must name an existing file / folder,
+    else ONE line saying which key, which file and what it holds. An entry is one value, checked on its first
+    runnable cell: where the value differs per cell (one weights file per network), ``cells:`` globs give each
+    value its own entry. An eval row's cells are composed on their trained row's cell."""
     from omegaconf import OmegaConf
 
     for req in row.requires or []:
-        if not (isinstance(req, dict) and req.get("file")):
+        if not (isinstance(req, dict) and (req.get("file") or req.get("dir"))):
             continue
+        exists = Path.is_dir if req.get("dir") else Path.is_file
         for cell in row.cells_for(scale):
             if cell.blocked or any(fnmatch.fnmatchcase(cell.id, g) for g in req.get("unless_cells") or []):
                 continue
-            value = OmegaConf.select(compose_cell(cell.overrides + list(extra)), req["key"])
-            if value in (None, "") or not Path(str(value)).expanduser().is_file():
+            if req.get("cells") and not any(fnmatch.fnmatchcase(cell.id, g) for g in req["cells"]):
+                continue
+            value = OmegaConf.select(compose_cell(_eval_base(row, scale, cell.id) + cell.overrides + list(extra)),
+                                     req["key"])
+            if value in (None, "") or not exists(Path(str(value)).expanduser()):
                 got = "not set" if value in (None, "") else f"{value} does not exist"
+                only = f" --cells '{req['cells'][0]}'" if req.get("cells") else ""
                 raise FileNotFoundError(f"{row.row} ({scale}) needs {req['key']} = {req['what']} ({got}); pass it "
-                                        f"after '--': scripts/reproduce.py run {row.row} --scale {scale} -- "
+                                        f"after '--': scripts/reproduce.py run {row.row} --scale {scale}{only} -- "
                                         f"{req['key']}=/path/to/{req.get('example', 'file')}")
-            break  # one cell per entry: the key is the row's, not the cell's
+            break  # one cell per entry (see above)
 
 
 __all__ = ["compose_all", "check_data", "check_files", "SpecError"]

@@ -106,3 +106,26 @@ def test_reproduce_run_preflights_an_eval_row_in_one_line(tmp_path, monkeypatch,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "dataset.shift_root" in err and "not set" in err, err
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------ 3. T5 "Average"
+def test_flatbnn_t5_average_is_the_unweighted_mean_of_the_four_groups_as_printed():
+    """The paper's SWAG-Diag accuracy groups 74.26 / 91.13 / 89.47 / 87.03 print Average 85.47 = their plain mean;
+    the mean over the 15 corruptions (groups 3:4:4:4) is 86.22. The comparison reads the former."""
+    from flatbnn.data.cifar10_c import GROUPS
+    from flatbnn.metrics.evaluate import shift_summary
+    from flatbnn.reproduce.compare import _paper_to_ours
+
+    printed = {"noise": 74.26, "blur": 91.13, "weather": 89.47, "digital": 87.03}
+    per_set = {f"{c}/{s}": {"accuracy": printed[g], "nll": 0.0, "ece": 0.0, "brier": 0.0}
+               for g, cs in GROUPS.items() for c in cs for s in (1, 2, 3, 4, 5)}
+    assert len(per_set) == 75
+    summary = shift_summary(per_set)
+    assert summary["group_mean"]["accuracy"] == pytest.approx(85.4725, abs=1e-12)  # printed: 85.47
+    assert summary["mean"]["accuracy"] == pytest.approx((3 * 74.26 + 4 * (91.13 + 89.47 + 87.03)) / 15, abs=1e-12)
+    assert round(summary["mean"]["accuracy"], 2) == 86.22
+    row = load_row("flatbnn_t5")
+    assert _paper_to_ours(row, "average/swag_diag", "accuracy", "paper") == ("preresnet164/swag_diag",
+                                                                             "shift.group_mean.accuracy")
+    assert _paper_to_ours(row, "noise/swag", "ece", "paper") == ("preresnet164/swag", "shift.per_group.noise.ece")
+    assert "frost in the official release" not in row.choices["groups"] and "snow/frost/fog" in row.choices["groups"]

@@ -129,3 +129,19 @@ def test_flatbnn_t5_average_is_the_unweighted_mean_of_the_four_groups_as_printed
                                                                              "shift.group_mean.accuracy")
     assert _paper_to_ours(row, "noise/swag", "ece", "paper") == ("preresnet164/swag", "shift.per_group.noise.ece")
     assert "frost in the official release" not in row.choices["groups"] and "snow/frost/fog" in row.choices["groups"]
+
+
+# ------------------------------------------------------------------------------------------ 4. bSAM AUROC
+@pytest.mark.parametrize("row", ["bsam_t1", "bsam_t2", "bsam_t3", "bsam_t4", "bsam_t5", "bsam_t6", "bsam_fig4"])
+def test_every_bsam_paper_cell_integrates_the_auroc_over_2500_thresholds(row):
+    """The official bSAM code's AUROC: a trapezoid over 2,500 thresholds. bsam_t4 (an eval row) re-evaluates
+    bsam_t1's runs: composed on their cells, it inherits the convention."""
+    from flatbnn.reproduce.preflight import _eval_base
+
+    r = load_row(row)
+    cells = _paper_cells(row)
+    assert cells
+    for cell in {c.id: c for c in (cells[0], cells[-1])}.values():  # the override is the scale's: two cells suffice
+        cfg = compose_cell(_eval_base(r, "paper", cell.id) + cell.overrides)
+        assert (cfg.metrics.auroc, cfg.metrics.auroc_thresholds, cfg.metrics.misclass_score) == \
+            ("thresholds", 2500, "max_prob"), cell.id

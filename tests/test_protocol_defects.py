@@ -145,3 +145,28 @@ def test_every_bsam_paper_cell_integrates_the_auroc_over_2500_thresholds(row):
         cfg = compose_cell(_eval_base(r, "paper", cell.id) + cell.overrides)
         assert (cfg.metrics.auroc, cfg.metrics.auroc_thresholds, cfg.metrics.misclass_score) == \
             ("thresholds", 2500, "max_prob"), cell.id
+
+
+# ------------------------------------------------------------------------------------------ 9. loader workers
+@pytest.mark.parametrize("row, cell, workers", [
+    ("flatbnn_t4", "resnet152/swag", 8),              # ImageNet JPEGs decoded per item
+    ("fsam_t1", "cifar10/resnet20/sgd", 8),           # tensor CIFAR, AutoAugment + Cutout per item
+    ("flatbnn_t2", "preresnet164/swag", 4),           # tensor CIFAR, crop + flip
+    ("bsam_t1", "cifar10/resnet20_frn/sgd", 0)])      # tensor CIFAR, no augmentation: nothing to overlap
+def test_paper_scale_cells_get_loader_workers_by_their_data(row, cell, workers, tmp_path):
+    import yaml
+
+    from flatbnn.reproduce.launch import write_cells
+
+    r = load_row(row)
+    cells = [c for c in r.cells_for("paper") if c.id == cell]
+    search, _ = write_cells(r, cells, "paper", tmp_path, [])
+    cfg = yaml.safe_load(next((search / "cell").glob("*.yaml")).read_text())
+    assert cfg.get("trainer", {}).get("num_workers", 0) == workers
+    # the command line (and a cell's own value) wins over the default
+    search, _ = write_cells(r, cells, "paper", tmp_path / "cli", ["trainer.num_workers=2"])
+    assert "num_workers" not in (yaml.safe_load(next((search / "cell").glob("*.yaml")).read_text()).get("trainer") or {})
+    if row == "flatbnn_t4":  # ImageNet has no device loader
+        return
+    search, _ = write_cells(r, cells, "paper", tmp_path / "dev", ["dataset.loader=device"])  # GPU-resident: none
+    assert "num_workers" not in (yaml.safe_load(next((search / "cell").glob("*.yaml")).read_text()).get("trainer") or {})

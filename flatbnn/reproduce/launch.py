@@ -51,6 +51,27 @@ SMOKE_IMAGE_SIZE = {"resnet152": 64, "densenet161": 64}
 # instead of 60.2M / 28.7M for 1000 classes): the 12 cells of flatbnn_t4 were still the smoke stage's longest row (238 s)
 SMOKE_STAGE_BLOCKS = {"resnet152": [1, 1, 1, 1], "densenet161": [1, 1, 1, 1], "densenet_cifar": [1, 1, 1, 1]}
 
+# DataLoader workers at paper scale (trainer.num_workers defaults to 0: right for tests and CPU runs, a GPU
+# bottleneck where every item is decoded or heavily augmented on the CPU). Per process; a cell's or the command
+# line's own trainer.num_workers wins.
+PAPER_WORKERS_DECODED = 8       # JPEG / PNG decoded per item: ImageNet, TinyImageNet, the fine-grained sets
+PAPER_WORKERS_HEAVY = 8         # tensor-backed, but AutoAugment + Cutout (~0.5 ms / item) or a resize to 224 px
+PAPER_WORKERS_CROP_FLIP = 4     # tensor-backed crop + flip (~0.1 ms / item)
+DECODED_DATASETS = ("imagenet", "tinyimagenet", "flowers102", "stanford_cars")
+
+
+def paper_num_workers(dataset) -> int:
+    """trainer.num_workers of a paper-scale cell for its composed ``dataset`` config: 0 when the train set lives
+    on the device (dataset.loader=device) or needs no per-item work, else by the per-item CPU cost."""
+    if dataset.get("loader", "cpu") == "device":
+        return 0
+    if dataset.get("name") in DECODED_DATASETS:
+        return PAPER_WORKERS_DECODED
+    augment = dataset.get("augment") or "none"
+    if augment == "autoaugment_cutout" or dataset.get("image_size"):
+        return PAPER_WORKERS_HEAVY
+    return PAPER_WORKERS_CROP_FLIP if augment != "none" else 0
+
 
 def cell_config_name(cell_id: str, seed: int) -> str:
     return f"{cell_id.replace('/', '__')}__s{seed}"
@@ -159,6 +180,9 @@ def write_cells(row: Row, cells: list[Cell], scale: str, out: Path, extra: list[
         overrides = list(cell.overrides)
         if scale == "smoke":
             overrides += smoke_overrides(compose_cell(overrides + list(extra)), fake_roots or {})
+        elif scale == "paper" and not any(o.startswith("trainer.num_workers=") for o in overrides + list(extra)):
+            workers = paper_num_workers(compose_cell(overrides + list(extra)).dataset)
+            overrides += [f"trainer.num_workers={workers}"] if workers else []
         for seed in cell.seeds:
             cfg = overrides_to_config(overrides + [f"seed={seed}"])
             cfg["reproduce"] = {"row": row.row, "cell": cell.id, "scale": scale}

@@ -170,3 +170,33 @@ def test_paper_scale_cells_get_loader_workers_by_their_data(row, cell, workers, 
         return
     search, _ = write_cells(r, cells, "paper", tmp_path / "dev", ["dataset.loader=device"])  # GPU-resident: none
     assert "num_workers" not in (yaml.safe_load(next((search / "cell").glob("*.yaml")).read_text()).get("trainer") or {})
+
+
+# ------------------------------------------------------------------------------------------ 6. the SWAG-code WRN
+def test_swag_code_wrn_options_init_and_final_bn_momentum():
+    """The SWAG code's WideResNet28x10: PyTorch's default layer init (kaiming_uniform(a=sqrt 5): |w| <= 1/sqrt(fan_in),
+    biases drawn, not zero) and its final BN's momentum=0.9. He-normal (std sqrt(2/fan_out)) exceeds that bound."""
+    from flatbnn.models.wrn import WideResNet
+
+    kw = dict(num_classes=10, depth=10, widen_factor=1, conv_bias=True, stride_on="second", shortcut_input="raw")
+    official = WideResNet(**kw, init="torch_default", final_bn_momentum=0.9)
+    ours = WideResNet(**kw)
+    assert official.bn.momentum == 0.9 and ours.bn.momentum == 0.1
+    assert all(m.momentum == 0.1 for m in official.modules() if isinstance(m, nn.BatchNorm2d) and m is not official.bn)
+
+    def within_default_bound(net):
+        convs = [m for m in net.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+        return all(float(m.weight.abs().max()) <= 1 / math.sqrt(m.weight[0].numel()) + 1e-7 for m in convs), \
+            all(float(m.bias.abs().max()) > 0 for m in convs)
+
+    assert within_default_bound(official) == (True, True)
+    assert within_default_bound(ours) == (False, False)  # He-normal weights, zero biases
+
+
+def test_flatbnn_wrn_paper_cells_use_the_swag_code_details():
+    for row in ("flatbnn_t2", "flatbnn_t1"):
+        for cell in ("wrn28x10/mc_dropout", "wrn28x10/sgld", "wrn28x10/f_swag"):
+            c = next(c for c in _paper_cells(row) if c.id == cell)
+            m = compose_cell(c.overrides).model
+            assert (m.init, m.final_bn_momentum, m.stride_on, m.shortcut_input) == \
+                ("torch_default", 0.9, "second", "raw"), (row, cell)

@@ -16,8 +16,10 @@ each is an option here (the ``wrn28x10_swag`` config sets all four):
 * ``conv_bias=True``: every conv has a bias (+10,096 parameters for WRN-28-10: 36,489,290);
 * ``shortcut_input="raw"``: the 1x1 shortcut reads the block input, not its BN-ReLU output.
 
-(The SWAG code also leaves PyTorch's default conv init -- its ``conv_init`` is never called -- and
-gives the final BN momentum 0.9; here convs are He-normal and every BN keeps PyTorch's default.)
+Two more SWAG-code details are options too, off by default: ``init="torch_default"`` keeps PyTorch's own
+layer init (the SWAG code's ``conv_init`` is never called; default ``"he"``: He-normal convs, zero biases), and
+``final_bn_momentum=0.9`` is its final BatchNorm's ``momentum=0.9`` (PyTorch convention: the new batch's
+weight; default 0.1). They matter most where no BN refresh follows training (MC-Dropout, Deep-ens, SGLD).
 With ``dropout=0`` no Dropout module exists, whatever the placement.
 """
 
@@ -36,6 +38,7 @@ from ._common import dropout_or_identity
 StrideOn = Literal["first", "second"]
 DropoutPlacement = Literal["original", "swag"]
 ShortcutInput = Literal["preact", "raw"]
+Init = Literal["he", "torch_default"]
 
 
 def _conv3x3(in_ch: int, out_ch: int, stride: int = 1, bias: bool = False) -> nn.Conv2d:
@@ -96,8 +99,12 @@ class WideResNet(nn.Module):
         dropout_placement: DropoutPlacement = "original",
         conv_bias: bool = False,
         shortcut_input: ShortcutInput = "preact",
+        init: Init = "he",
+        final_bn_momentum: float = 0.1,
     ):
         super().__init__()
+        if init not in ("he", "torch_default"):
+            raise ValueError(f"init must be 'he' or 'torch_default', got {init!r}")
         if (depth - 4) % 6 != 0:
             raise ValueError(f"WRN depth must be 6n+4 (16, 22, 28, 40, ...), got {depth}")
         if stride_on not in ("first", "second"):
@@ -126,11 +133,11 @@ class WideResNet(nn.Module):
                 in_ch = out_ch
             stages.append(nn.Sequential(*blocks))
         self.stages = nn.Sequential(*stages)
-        self.bn = nn.BatchNorm2d(in_ch)
+        self.bn = nn.BatchNorm2d(in_ch, momentum=float(final_bn_momentum))
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.head_dropout = dropout_or_identity(dropout if dropout_placement == "swag" else 0.0)
         self.head = nn.Linear(in_ch, num_classes)
-        for m in self.modules():
+        for m in self.modules() if init == "he" else ():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
                 if m.bias is not None:
@@ -154,6 +161,8 @@ def wrn(
     dropout_placement: DropoutPlacement = "original",
     conv_bias: bool = False,
     shortcut_input: ShortcutInput = "preact",
+    init: Init = "he",
+    final_bn_momentum: float = 0.1,
 ) -> WideResNet:
     return WideResNet(
         num_classes,
@@ -165,4 +174,6 @@ def wrn(
         dropout_placement=dropout_placement,
         conv_bias=bool(conv_bias),
         shortcut_input=shortcut_input,
+        init=init,
+        final_bn_momentum=float(final_bn_momentum),
     )

@@ -200,3 +200,64 @@ def test_flatbnn_wrn_paper_cells_use_the_swag_code_details():
             m = compose_cell(c.overrides).model
             assert (m.init, m.final_bn_momentum, m.stride_on, m.shortcut_input) == \
                 ("torch_default", 0.9, "second", "raw"), (row, cell)
+
+
+# ------------------------------------------------------------------------------------------ 5. FlatBNN SGLD
+@pytest.mark.parametrize("row", ["flatbnn_t2", "flatbnn_t1"])
+def test_flatbnn_paper_sgld_cells_fine_tune_the_rows_own_runs_with_the_official_recipe(row):
+    r = load_row(row)
+    for scale in ("paper", "smoke"):  # the smoke scale runs the paper scale's chain (one step each)
+        cells = {c.id: c for c in r.cells_for(scale)}
+        assert {k: c.init_from for k, c in cells.items() if c.init_from} == {
+            "preresnet164/sgld": "preresnet164/swag", "preresnet164/f_sgld": "preresnet164/f_swag",
+            "wrn28x10/sgld": "wrn28x10/swag", "wrn28x10/f_sgld": "wrn28x10/f_swag"}
+    cells = {c.id: c for c in r.cells_for("paper")}
+    sgld = compose_cell(cells["wrn28x10/sgld"].overrides)
+    assert (sgld.method.noise_mode, sgld.method.noise_factor, sgld.method.lr_schedule.a, sgld.method.lr_schedule.unit,
+            sgld.method.burn_in, sgld.trainer.epochs, sgld.flatness._target_) == \
+        ("linear", 0.1, 10.0, "step", 160, 199, "flatbnn.flatness.NoFlatness")
+    f_sgld = compose_cell(cells["preresnet164/f_sgld"].overrides)
+    assert (f_sgld.method.noise_mode, f_sgld.method.noise_a, f_sgld.method.noise_b, f_sgld.method.lr_schedule.a,
+            f_sgld.flatness._target_, f_sgld.trainer.epochs) == \
+        ("schedule", 40.304, 15476.4, 0.2, "flatbnn.flatness.SAM", 199)
+    assert not any(c.init_from for c in r.cells_for("cpu"))  # textbook SGLD from scratch (its committed runs)
+
+
+@pytest.mark.slow  # two multirun subprocesses
+def test_a_cell_declared_to_fine_tune_another_runs_after_it_from_its_run(tmp_path, monkeypatch):
+    """scales.<scale>.init_from: the launcher runs the source cells first, then the dependents with
+    trainer.init_from = the source's run dir of the same seed; without a finished source, one failed.txt line."""
+    import json
+
+    import yaml
+
+    from flatbnn.reproduce import launch, spec
+
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    base = ["dataset=digits", "model=mlp", "dataset.train_subset=64", "trainer.epochs=1", "trainer.progress=false",
+            "trainer.eval_every=0", "trainer.reliability_diagram=false", "trainer.batch_size=32"]
+    (rows_dir / "ft.yaml").write_text(yaml.safe_dump(
+        {"row": "ft", "paper": "none", "title": "ft", "axes": ["method"], "base": base, "seeds": [0],
+         "values": {"method": {"scratch": ["flatness=none"], "tune": ["flatness=none"]}},
+         "scales": {"cpu": {"overrides": [], "init_from": {"tune": "scratch"}}, "smoke": {"overrides": []}}}))
+    (rows_dir / "bad.yaml").write_text((rows_dir / "ft.yaml").read_text().replace("row: ft", "row: bad")
+                                       .replace("tune: scratch", "tune: nowhere"))
+    with pytest.raises(spec.SpecError, match="not a from-scratch cell"):
+        spec.load_row("bad")
+    (rows_dir / "bad.yaml").unlink()  # the launcher reads every row (who reads this one's runs)
+    row = spec.load_row("ft")
+    out = tmp_path / "out"
+    alone = launch.launch(row, "cpu", out=tmp_path / "alone", cells_glob="tune")  # its source never ran
+    assert alone["jobs"]["tune/seed0"]["state"] == "failed" and alone["returncode"] == 1
+    assert "scratch" in alone["jobs"]["tune/seed0"]["detail"] and "not finished" in alone["jobs"]["tune/seed0"]["detail"]
+    summary = launch.launch(row, "cpu", out=out)
+    assert summary["returncode"] == 0 and {j["state"] for j in summary["jobs"].values()} == {"done"}
+    ran = yaml.safe_load((out / "tune" / "seed0" / "config_resolved.yaml").read_text())
+    assert ran["trainer"]["init_from"] == str((out / "scratch" / "seed0").resolve())
+    meta = json.loads((out / "tune" / "seed0" / "results.json").read_text())["meta"]
+    assert meta["init_from"]["path"].startswith(str((out / "scratch" / "seed0").resolve()))
+    assert json.loads((out / "scratch" / "seed0" / "results.json").read_text())["meta"]["init_from"] is None
+    tune = next(c for c in row.cells_for("cpu") if c.id == "tune")
+    assert launch.stale_run(tune, 0, out / "tune" / "seed0") is None  # the source's path is not a config change

@@ -42,7 +42,8 @@ def test_digits_sam_learns_and_records_rho(tmp_path):
     res = run_cfg(DIGITS + ["flatness=sam", "flatness.rho=0.05", "trainer.epochs=15"], tmp_path)
     assert res["metrics"]["accuracy"] >= 0.90
     assert res["meta"]["flatness"] == {"name": "sam", "rho": 0.05, "m": 1, "rho_schedule": "constant",
-                                       "bn_stats": "first", "bn_chunks": "all", "sync_ascent": False}
+                                       "bn_stats": "first", "bn_chunks": "all", "sync_ascent": False,
+                                       "effective_m": 1}
 
 
 def test_same_seed_same_result_and_seed_changes_it(tmp_path):

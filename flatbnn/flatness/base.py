@@ -79,11 +79,13 @@ class Flatness:
         # (``device_scalar``): a CUDA graph replays the step without Python, so what it reads must live in memory
         # refilled outside the graph (``set_lr_ratio``), not in a captured constant
         self._scalars: dict[str, list] = {}
+        self.world_size = 1  # processes of the run (setup): a per-worker ascent makes the effective m m * world size
 
     # ---------------------------------------------------------------- engine hooks
     def setup(self, ctx, method) -> None:
         """Called once after ``method.setup``: noise generator, checks that need the method."""
         self.generator = ctx.generator
+        self.world_size = int(getattr(ctx, "world_size", 1) or 1)
         check = getattr(method, "check_flatness", None)
         if callable(check):  # methods with their own perturbation (bSAM, VOGN, VSAM, RSAM) refuse here
             check(self)

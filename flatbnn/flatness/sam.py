@@ -162,7 +162,13 @@ class SAM(Flatness):
 
     def describe(self) -> dict:
         d = {**super().describe(), "bn_stats": self.bn_stats, "bn_chunks": self.bn_chunks,
-             "sync_ascent": self.sync_ascent}
+             "sync_ascent": self.sync_ascent, "effective_m": self.effective_m}
         if self.batched_chunks:  # a speed switch (the same step up to float rounding): recorded only when on
             d["batched_chunks"] = True
         return d
+
+    @property
+    def effective_m(self) -> int:
+        """How many independent ascents a global batch gets: m per process, times the processes unless the
+        ascent gradient is all-reduced (sync_ascent) -- k GPUs under no_sync() turn SAM into m-sharpness, m = k."""
+        return self.m * (1 if self.sync_ascent else self.world_size)

@@ -73,6 +73,35 @@ def paper_num_workers(dataset) -> int:
     return PAPER_WORKERS_CROP_FLIP if augment != "none" else 0
 
 
+
+def paper_overrides(cfg, given: list[str]) -> list[str]:
+    """What the paper scale adds to a composed cell, unless the cell or the command line sets it: loader workers
+    (:func:`paper_num_workers`), and the global SAM ascent. Under DDP the SAM family's ascent otherwise runs per
+    process (no_sync), i.e. a job on k GPUs would be m-sharpness with m = k x flatness.m, which no paper's table
+    used; flatness.sync_ascent=true all-reduces the ascent gradient, so the row's flatness.m is the effective m on
+    any number of processes (identical on one; results.json meta.flatness.effective_m records it)."""
+    out = []
+    if not any(o.startswith("trainer.num_workers=") for o in given):
+        workers = paper_num_workers(cfg.dataset)
+        out += [f"trainer.num_workers={workers}"] if workers else []
+    if "sync_ascent" in cfg.flatness and not any(o.startswith("flatness.sync_ascent=") for o in given):
+        out.append("flatness.sync_ascent=true")
+    return out
+
+
+
+def run_overrides(cell: Cell, scale: str, extra: list[str] | tuple = ()) -> list[str]:
+    """The overrides a (non-smoke) job of ``cell`` runs with, before the command line's ``extra``: the spec's,
+    plus :func:`paper_overrides` at paper scale. Staleness and reuse compare runs against these."""
+    return list(cell.overrides) + (list(_paper_additions(tuple(cell.overrides), tuple(extra))) if scale == "paper"
+                                   else [])
+
+
+@functools.lru_cache(maxsize=512)
+def _paper_additions(overrides: tuple[str, ...], extra: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(paper_overrides(compose_cell(list(overrides + extra)), list(overrides + extra)))
+
+
 def cell_config_name(cell_id: str, seed: int) -> str:
     return f"{cell_id.replace('/', '__')}__s{seed}"
 
@@ -180,11 +209,11 @@ def write_cells(row: Row, cells: list[Cell], scale: str, out: Path, extra: list[
         overrides = list(cell.overrides)
         if scale == "smoke":
             overrides += smoke_overrides(compose_cell(overrides + list(extra)), fake_roots or {})
-        elif scale == "paper" and not any(o.startswith("trainer.num_workers=") for o in overrides + list(extra)):
-            workers = paper_num_workers(compose_cell(overrides + list(extra)).dataset)
-            overrides += [f"trainer.num_workers={workers}"] if workers else []
+        else:
+            overrides = run_overrides(cell, scale, extra)
         for seed in cell.seeds:
-            cfg = overrides_to_config(overrides + [f"seed={seed}"])
+            init = [f"trainer.init_from={run_dir(out, cell.init_from, seed).resolve()}"] if cell.init_from else []
+            cfg = overrides_to_config(overrides + init + [f"seed={seed}"])
             cfg["reproduce"] = {"row": row.row, "cell": cell.id, "scale": scale}
             _write_cell_config(search, cell_config_name(cell.id, seed), cfg,
                                f"{row.row} / {cell.id} / seed {seed} ({scale})")
@@ -277,7 +306,8 @@ def reusable_runs(todo: list[tuple[Cell, int]], scale: str, out: Path,
     E.g. bSAM T3's bsam cell and T5's M = 8 cells are T1's; VSAM T4's sgd/sam/vsam/rsam are T3's. Such a job is
     linked, not retrained (~GPU-days at paper scale). Never at smoke scale (its point is to run every cell's config),
     and never over a run dir that exists (a partial run resumes instead)."""
-    todo = [(c, s) for c, s in todo if not run_dir(out, c.id, s).exists() and not run_dir(out, c.id, s).is_symlink()]
+    todo = [(c, s) for c, s in todo if not run_dir(out, c.id, s).exists() and not run_dir(out, c.id, s).is_symlink()
+            and not c.init_from]  # a fine-tune starts from THIS row's run: never another row's (its source differs)
     if scale == "smoke" or not todo:
         return {}
     index = _finished_runs_elsewhere(out, scale, row_name)
@@ -287,7 +317,7 @@ def reusable_runs(todo: list[tuple[Cell, int]], scale: str, out: Path,
     composed = {}
     for cell, seed in todo:
         if cell.id not in composed:
-            composed[cell.id] = compose_cell(list(cell.overrides) + list(extra))
+            composed[cell.id] = compose_cell(run_overrides(cell, scale, extra) + list(extra))
         key = training_key(composed[cell.id], seed)
         if key in index:
             found[(cell.id, seed)] = index[key]
@@ -310,7 +340,7 @@ def _spec_config_key(overrides: tuple[str, ...], seed: int) -> dict[str, str]:
     return _config_key_at_seed(compose_cell(list(overrides)), seed)
 
 
-def stale_run(cell: Cell, seed: int, run: Path) -> str | None:
+def stale_run(cell: Cell, seed: int, run: Path, scale: str | None = None) -> str | None:
     """How a finished run's training config differs from the one the spec composes NOW for (cell, seed) plus the
     run's own command-line extras (data paths, device, ...), e.g. ``model.depth: 32 -> 20`` after a spec changed
     the cell's network; None when they agree or the run saved no config. A key only one side has (a config
@@ -324,12 +354,15 @@ def stale_run(cell: Cell, seed: int, run: Path) -> str | None:
         return None
     meta = json.loads(res.read_text()).get("meta") or {}
     extra = tuple(o for o in meta.get("overrides") or [] if not o.startswith("+cell="))
+    ran_cfg = yaml.safe_load(cfg_file.read_text()) or {}
+    scale = scale or (ran_cfg.get("reproduce") or {}).get("scale")
     try:
-        want = _spec_config_key(tuple(cell.overrides) + extra, seed)
+        want = _spec_config_key(tuple(run_overrides(cell, scale, extra)) + extra, seed)
     except Exception as e:  # noqa: BLE001 -- any Hydra composition error says the same: not the spec's config
         return f"its overrides no longer compose with the spec's: {' '.join(str(e).split())[:200]}"
-    ran = config_key(yaml.safe_load(cfg_file.read_text()) or {}, seed)
-    diff = sorted(k for k in ran.keys() & want.keys() if ran[k] != want[k])
+    ran = config_key(ran_cfg, seed)
+    diff = sorted(k for k in ran.keys() & want.keys() if ran[k] != want[k]
+                  and not (cell.init_from and k == "trainer.init_from"))  # where its declared source lies
     if not diff:
         return None
     return ", ".join(f"{k}: {ran[k]} -> {want[k]}" for k in diff[:3]) + (f" (+{len(diff) - 3} more)" if len(diff) > 3
@@ -496,12 +529,18 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
         print(f"  {len(recorded)} of them have committed records (results/reproduce/{row.row}/{scale}/runs/, read by "
               f"the comparison), e.g. {recorded[0]}: pass --missing to train only the others", file=sys.stderr)
     rc = 0
-    if todo:
+    # two stages: cells that fine-tune another cell's run (spec: scales.<scale>.init_from) after the others
+    for stage in ([(c, s) for c, s in todo if not c.init_from], [(c, s) for c, s in todo if c.init_from]):
+        if stage and stage[0][0].init_from:
+            stage, rc = _with_finished_sources(stage, out, row, scale, dry_run, rc)
+        if not stage:
+            continue
+        cmd = multirun_command(search, [cell_config_name(c.id, s) for c, s in stage], out, list(extra), launcher)
         print("  " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr)
         if not dry_run:
             if force:
                 cmd.append("trainer.resume=false")
-            rc = run_sweep(cmd)
+            rc = run_sweep(cmd) or rc
     states = {f"{c.id}/seed{s}": (("done", archived_detail(on_record[c.id, s])) if (c.id, s) in on_record
                                   else job_state(out, c.id, s)) for c, s in jobs}
     if scale == "smoke" and not dry_run and not rows_reading(row.row, scale):
@@ -512,6 +551,24 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
     if not dry_run:
         write_json(out / "launch.json", summary)
     return summary
+
+
+def _with_finished_sources(stage: list, out: Path, row: Row, scale: str, dry_run: bool, rc: int) -> tuple[list, int]:
+    """The jobs of ``stage`` whose source run (``Cell.init_from``, same seed) has finished; each other one gets a
+    failed.txt naming its source (a dry run only says it), and the returned code is 1."""
+    ready = []
+    for c, s in stage:
+        src = run_dir(out, c.init_from, s)
+        if (src / "results.json").exists() or dry_run:
+            ready.append((c, s))
+            continue
+        rc = rc or 1
+        why = (f"source run {src} ({c.init_from}, which this cell fine-tunes) is not finished: run "
+               f"`scripts/reproduce.py run {row.row} --scale {scale} --cells '{c.init_from}'` first")
+        print(f"  {c.id}/seed{s}: {why}", file=sys.stderr)
+        run_dir(out, c.id, s).mkdir(parents=True, exist_ok=True)
+        (run_dir(out, c.id, s) / "failed.txt").write_text(why + "\n")
+    return ready, rc
 
 
 def drop_finished_checkpoints(out: Path, jobs: list) -> int:

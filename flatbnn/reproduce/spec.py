@@ -31,6 +31,7 @@ class Cell:
     overrides: list[str]
     seeds: list[int]
     blocked: str | None = None
+    init_from: str | None = None  # the cell of the same row and scale whose run (same seed) it starts from
 
 
 @dataclass
@@ -101,8 +102,19 @@ class Row:
             for pattern, extra in (sc.get("cell_overrides") or {}).items():
                 if fnmatch.fnmatchcase(cid, pattern):
                     ov += list(extra or [])
-            out.append(Cell(cid, ov, list(sc.get("seeds", self.seeds)), blocked))
+            out.append(Cell(cid, ov, list(sc.get("seeds", self.seeds)), blocked, self.init_source(scale, cid)))
         return out
+
+    def init_source(self, scale: str, cell_id: str) -> str | None:
+        """The cell whose finished run (same seed) ``cell_id`` fine-tunes at ``scale``: the scale's
+        ``init_from: {<cell glob>: <source cell, formatted over the axes>}``, e.g. FlatBNN's official SGLD starts
+        from the row's own SWAG run ({"*/sgld": "{model}/swag"}). The launcher runs sources first and passes the
+        run dir as trainer.init_from; None = from scratch."""
+        sc = self.scale(scale) or {}
+        for pattern, template in (sc.get("init_from") or {}).items():
+            if fnmatch.fnmatchcase(cell_id, pattern):
+                return template.format(**dict(zip(self.axes, cell_id.split("/"))))
+        return None
 
     def paper_data(self) -> dict | None:
         p = PAPER_DIR / f"{self.row}.yaml"
@@ -151,6 +163,17 @@ def load_row(name_or_path: str | Path) -> Row:
             _check(any(fnmatch.fnmatchcase(c, pattern) for c in ids), path, f"pattern {pattern!r} matches no cell")
         _check(isinstance(row.scales.get("smoke"), dict) or row.blocked, path,
                "every runnable row needs a smoke scale (CI runs it)")
+        for scale, sc in row.scales.items():
+            for pattern in (sc.get("init_from") or {}) if isinstance(sc, dict) else ():
+                _check(row.kind == "train", path, "init_from: only a train row fine-tunes its own runs")
+                scale_ids = {c.id for c in row.cells_for(scale)}
+                dependents = [c for c in scale_ids if fnmatch.fnmatchcase(c, pattern)]
+                _check(bool(dependents), path, f"scales.{scale}.init_from: {pattern!r} matches no cell")
+                for cid in dependents:
+                    src = row.init_source(scale, cid)
+                    _check(src in scale_ids and row.init_source(scale, src) is None, path,
+                           f"scales.{scale}.init_from: {cid!r} starts from {src!r}, which is not a from-scratch "
+                           f"cell of that scale")
     else:
         _check(bool(row.script) or bool(row.blocked), path, "a script row needs `script:` per scale")
     return row

@@ -261,3 +261,46 @@ def test_a_cell_declared_to_fine_tune_another_runs_after_it_from_its_run(tmp_pat
     assert json.loads((out / "scratch" / "seed0" / "results.json").read_text())["meta"]["init_from"] is None
     tune = next(c for c in row.cells_for("cpu") if c.id == "tune")
     assert launch.stale_run(tune, 0, out / "tune" / "seed0") is None  # the source's path is not a config change
+
+
+# ------------------------------------------------------------------------------------------ 8. m under DDP
+def test_paper_scale_sam_cells_all_reduce_their_ascent(tmp_path):
+    """A job on k processes would otherwise be m-sharpness with m = k (per-process ascent under no_sync)."""
+    import yaml
+
+    from flatbnn.reproduce.launch import run_overrides, write_cells
+
+    row = load_row("fsam_t1")
+    cells = [c for c in row.cells_for("paper") if c.id in ("cifar10/resnet20/asam", "cifar10/resnet20/sgd")]
+    search, _ = write_cells(row, cells, "paper", tmp_path, [])
+    written = {p.name: yaml.safe_load(p.read_text()) for p in (search / "cell").glob("*.yaml")}
+    assert written["cifar10__resnet20__asam__s0.yaml"]["flatness"]["sync_ascent"] is True
+    assert written["cifar10__resnet20__asam__s0.yaml"]["flatness"]["m"] == 1
+    assert "sync_ascent" not in (written["cifar10__resnet20__sgd__s0.yaml"].get("flatness") or {})  # no ascent
+    asam = cells[[c.id for c in cells].index("cifar10/resnet20/asam")]
+    assert "flatness.sync_ascent=true" not in run_overrides(asam, "cpu")  # cpu scale: its committed runs' config
+    assert "flatness.sync_ascent=true" not in run_overrides(asam, "paper", ["flatness.sync_ascent=false"])  # cli wins
+
+
+def test_sam_effective_m_is_m_times_the_processes_unless_the_ascent_is_synced():
+    from types import SimpleNamespace
+
+    from flatbnn.flatness import SAM
+
+    for sync, m, want in ((False, 1, 2), (True, 1, 1), (False, 4, 8), (True, 4, 4)):
+        f = SAM(rho=0.05, m=m, sync_ascent=sync)
+        f.setup(SimpleNamespace(generator=None, world_size=2), None)
+        assert (f.effective_m, f.describe()["effective_m"]) == (want, want), (sync, m)
+
+
+@pytest.mark.slow  # a torchrun job of 2 gloo processes
+def test_two_processes_with_the_paper_scales_synced_ascent_keep_m_1(tmp_path):
+    from helpers import results, train_cli
+
+    args = ["dataset=digits", "model=mlp", "method=map", "flatness=sam", "flatness.rho=0.05",
+            "dataset.train_subset=112", "trainer.batch_size=56", "trainer.epochs=1", "trainer.device=cpu",
+            "trainer.eval_every=0", "trainer.reliability_diagram=false"]
+    train_cli(args + ["flatness.sync_ascent=true"], tmp_path / "synced", torchrun=2)
+    synced = results(tmp_path / "synced")
+    assert synced["meta"]["budget"]["world_size"] == 2
+    assert (synced["meta"]["flatness"]["m"], synced["meta"]["flatness"]["effective_m"]) == (1, 1)  # the row's m

@@ -49,7 +49,7 @@ def test_generated_cell_config_equals_the_overrides_on_a_command_line(row, cell,
 
     r = spec.load_row(row)
     c = next(x for x in r.cells_for("paper") if x.id == cell)
-    direct = launch.compose_cell(c.overrides)
+    direct = launch.compose_cell(launch.run_overrides(c, "paper"))  # the spec's + the paper scale's additions
     search, _ = launch.write_cells(r, [c], "paper", tmp_path, [])
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(launch.CONFIGS), version_base="1.3"):

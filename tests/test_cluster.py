@@ -79,12 +79,19 @@ def test_a_paper_row_is_one_slurm_array_of_every_cell(tmp_path):
 
     row = spec.load_row("flatbnn_t2")
     s = launch.launch(row, "paper", out=tmp_path / "out", launcher="slurm", dry_run=True)
+    # two arrays: the SGLD cells fine-tune the SWAG runs (scales.paper.init_from), so they run after them
+    assert len(s["commands"]) == 2 and s["command"] == s["commands"][0]
+    arrays = []
+    for cmd in s["commands"]:
+        assert "hydra/launcher=slurm" in cmd and "--multirun" in cmd
+        arrays.append(next(a for a in cmd if a.startswith("+cell=")).split("=", 1)[1].split(","))
+    for cells, dependent in zip(arrays, (False, True)):
+        expected = {launch.cell_config_name(c.id, seed) for c in row.cells_for("paper") if not c.blocked
+                    and bool(c.init_from) == dependent for seed in c.seeds}
+        assert set(cells) == expected and len(cells) == len(expected)
+    assert sum(map(len, arrays)) == len(s["jobs"])
     cmd = s["command"]
-    assert "hydra/launcher=slurm" in cmd and "--multirun" in cmd
-    cells = next(a for a in cmd if a.startswith("+cell=")).split("=", 1)[1].split(",")
-    expected = {launch.cell_config_name(c.id, seed) for c in row.cells_for("paper") if not c.blocked
-                for seed in c.seeds}
-    assert set(cells) == expected and len(cells) == len(expected) == len(s["jobs"])
+    cells = arrays[0]
     # what the array would run composes, with the SLURM launcher
     one = [a for a in cmd[cmd.index("--multirun") + 1:] if not a.startswith("+cell=")] + [f"+cell={cells[0]}"]
     p = subprocess.run([sys.executable, "train.py", *one, "--cfg", "hydra"], cwd=REPO, capture_output=True,

@@ -508,7 +508,6 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
         if force and run_dir(out, c.id, s).is_symlink():  # a reused run: rerun into our own dir, not the source's
             run_dir(out, c.id, s).unlink()
         (run_dir(out, c.id, s) / "failed.txt").unlink(missing_ok=True)
-    cmd = multirun_command(search, [cell_config_name(c.id, s) for c, s in todo], out, list(extra), launcher)
     print(f"reproduce {row.row} ({scale}): {len(jobs)} jobs, "
           f"{len(jobs) - len(todo) - len(reuse) - len(on_record)} already done, "
           + (f"{len(on_record)} on record (--missing), " if missing else "")
@@ -529,13 +528,16 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
         print(f"  {len(recorded)} of them have committed records (results/reproduce/{row.row}/{scale}/runs/, read by "
               f"the comparison), e.g. {recorded[0]}: pass --missing to train only the others", file=sys.stderr)
     rc = 0
-    # two stages: cells that fine-tune another cell's run (spec: scales.<scale>.init_from) after the others
+    # one multirun (a job array) per stage: the cells that fine-tune another cell's run (spec: scales.<scale>.
+    # init_from) after the others
+    commands = []
     for stage in ([(c, s) for c, s in todo if not c.init_from], [(c, s) for c, s in todo if c.init_from]):
         if stage and stage[0][0].init_from:
             stage, rc = _with_finished_sources(stage, out, row, scale, dry_run, rc)
         if not stage:
             continue
         cmd = multirun_command(search, [cell_config_name(c.id, s) for c, s in stage], out, list(extra), launcher)
+        commands.append(cmd)
         print("  " + " ".join(shlex.quote(c) for c in cmd), file=sys.stderr)
         if not dry_run:
             if force:
@@ -545,7 +547,8 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
                                   else job_state(out, c.id, s)) for c, s in jobs}
     if scale == "smoke" and not dry_run and not rows_reading(row.row, scale):
         drop_finished_checkpoints(out, jobs)
-    summary = {"row": row.row, "scale": scale, "out": str(out), "returncode": rc, "command": cmd,
+    summary = {"row": row.row, "scale": scale, "out": str(out), "returncode": rc,
+               "command": commands[0] if commands else [], "commands": commands,
                "jobs": {k: {"state": st, "detail": d} for k, (st, d) in states.items()},
                "blocked": blocked}
     if not dry_run:

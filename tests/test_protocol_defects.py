@@ -178,7 +178,8 @@ def test_swag_code_wrn_options_init_and_final_bn_momentum():
     biases drawn, not zero) and its final BN's momentum=0.9. He-normal (std sqrt(2/fan_out)) exceeds that bound."""
     from flatbnn.models.wrn import WideResNet
 
-    kw = dict(num_classes=10, depth=10, widen_factor=1, conv_bias=True, stride_on="second", shortcut_input="raw")
+    kw = {"num_classes": 10, "depth": 10, "widen_factor": 1, "conv_bias": True, "stride_on": "second",
+          "shortcut_input": "raw"}
     official = WideResNet(**kw, init="torch_default", final_bn_momentum=0.9)
     ours = WideResNet(**kw)
     assert official.bn.momentum == 0.9 and ours.bn.momentum == 0.1

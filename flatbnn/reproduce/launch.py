@@ -73,7 +73,6 @@ def paper_num_workers(dataset) -> int:
     return PAPER_WORKERS_CROP_FLIP if augment != "none" else 0
 
 
-
 def paper_overrides(cfg, given: list[str]) -> list[str]:
     """What the paper scale adds to a composed cell, unless the cell or the command line sets it: loader workers
     (:func:`paper_num_workers`), and the global SAM ascent. Under DDP the SAM family's ascent otherwise runs per
@@ -87,7 +86,6 @@ def paper_overrides(cfg, given: list[str]) -> list[str]:
     if "sync_ascent" in cfg.flatness and not any(o.startswith("flatness.sync_ascent=") for o in given):
         out.append("flatness.sync_ascent=true")
     return out
-
 
 
 def run_overrides(cell: Cell, scale: str, extra: list[str] | tuple = ()) -> list[str]:
@@ -543,6 +541,8 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
             if force:
                 cmd.append("trainer.resume=false")
             rc = run_sweep(cmd) or rc
+            if rc == 75:  # preempted (flatbnn.torchrun): the rerun resumes; dependents wait for their sources
+                break
     states = {f"{c.id}/seed{s}": (("done", archived_detail(on_record[c.id, s])) if (c.id, s) in on_record
                                   else job_state(out, c.id, s)) for c, s in jobs}
     if scale == "smoke" and not dry_run and not rows_reading(row.row, scale):

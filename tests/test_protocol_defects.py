@@ -305,3 +305,10 @@ def test_two_processes_with_the_paper_scales_synced_ascent_keep_m_1(tmp_path):
     synced = results(tmp_path / "synced")
     assert synced["meta"]["budget"]["world_size"] == 2
     assert (synced["meta"]["flatness"]["m"], synced["meta"]["flatness"]["effective_m"]) == (1, 1)  # the row's m
+
+
+# ------------------------------------------------------------------------------------------ 7. ASAM BatchNorm
+@pytest.mark.parametrize("row, cell", [("fsam_t1", "cifar100/wrn28x10/asam"), ("fsam_t4", "n40/asam")])
+def test_asam_paper_cells_update_batchnorm_on_both_passes_as_the_official_code(row, cell):
+    c = next(c for c in _paper_cells(row) if c.id == cell)
+    assert compose_cell(c.overrides).flatness.bn_stats == "both"

@@ -14,14 +14,14 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1] / "flatbnn"
 
 # The layers, lowest first: a module may import from its own layer and the layers below it, never from above.
 # One entry per sub-package (or root module) of flatbnn; the order is what the code needs, read off its imports:
-#   resources/io/utils: leaf helpers (paths, atomic writes, pure-Python utilities) that import nothing of flatbnn
+#   resources/atomic_io/utils: leaf helpers (paths, atomic writes, pure-Python utilities) that import nothing of flatbnn
 #   nn: Bayesian layers; models: architectures (built from nn); data: data sets and loaders (no model, no engine)
 #   metrics: what is measured on predictions; flatness: the perturbation seam (SAM, ...); optim: optimisers and
 #   schedules; methods: the posterior seam, composed from flatness and optim; toys: small self-contained studies
 #   that use methods; engine: build / train / checkpoint, method-agnostic; api: the public hooks over engine;
 #   bench, reproduce: campaigns and aggregation above the engine; train/evaluate/cli/torchrun: entry points.
 LAYERS: list[set[str]] = [
-    {"resources", "io", "utils"},
+    {"resources", "atomic_io", "utils"},
     {"nn"},
     {"models"},
     {"data"},

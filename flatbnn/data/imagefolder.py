@@ -118,6 +118,10 @@ class ImageFileDataset(Dataset):
         index = int(index)
         return self.normalize(self.raw(index)), int(self.targets[index])
 
+    def imagenet_train_set(self, seed: int) -> "ImageNetTrainDataset":
+        """``augment: imagenet`` of this set (transforms.make_train_set calls it)."""
+        return ImageNetTrainDataset(self, seed=seed)
+
     def subset(self, indices: Any) -> "ImageFileDataset":
         idx = np.asarray(indices, dtype=np.int64)
         out = ImageFileDataset.__new__(ImageFileDataset)

@@ -343,7 +343,8 @@ def test_disk_full_inside_torch_save_is_one_line_and_keeps_the_previous_checkpoi
 def test_a_yaml_syntax_error_is_file_line_column_and_a_yaml_list_experiment_is_refused(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from flatbnn.cli import check_group_files, hydra_error_line
+    from flatbnn.cli import hydra_error_line
+    from flatbnn.engine.validate import check_group_files
     from flatbnn.engine.validate import ConfigError
     exp = tmp_path / "experiment"
     exp.mkdir()

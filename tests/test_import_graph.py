@@ -13,15 +13,19 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "flatbnn"
 
 # The layers, lowest first: a module may import from its own layer and the layers below it, never from above.
-# One entry per sub-package (or root module) of flatbnn; the order is what the code needs, read off its imports:
-#   resources/atomic_io/utils: leaf helpers (paths, atomic writes, pure-Python utilities) that import nothing of flatbnn
-#   nn: Bayesian layers; models: architectures (built from nn); data: data sets and loaders (no model, no engine)
+# One entry per sub-package or root module of flatbnn (a dotted entry places one module on its own); the order is
+# what the code needs, read off its imports:
+#   resources/atomic_io/runlog/utils: leaf helpers (paths, atomic writes, the run log's warn, dict flattening)
+#   nn: Bayesian layers; models: architectures; data: data sets and loaders (no model, no engine)
 #   metrics: what is measured on predictions; flatness: the perturbation seam (SAM, ...); optim: optimisers and
-#   schedules; methods: the posterior seam, composed from flatness and optim; toys: small self-contained studies
-#   that use methods; engine: build / train / checkpoint, method-agnostic; api: the public hooks over engine;
-#   bench, reproduce: campaigns and aggregation above the engine; train/evaluate/cli/torchrun: entry points.
+#   schedules; methods: the posterior seam, composed from flatness and optim
+#   engine: build / train / checkpoint, method-agnostic; toys: small studies that drive engine.backprop;
+#   api: the public hooks; cli: the entry points' shared error lines and exit codes
+#   bench, reproduce: benchmarks, campaigns, aggregation above the engine
+#   entry points: train.py, evaluate.py, torchrun, and reproduce/eval_job.py (one eval job, run as
+#   ``python -m flatbnn.reproduce.eval_job``: it calls evaluate.py's routine; nothing imports it)
 LAYERS: list[set[str]] = [
-    {"resources", "atomic_io", "utils"},
+    {"resources", "atomic_io", "runlog", "utils"},
     {"nn"},
     {"models"},
     {"data"},
@@ -29,11 +33,12 @@ LAYERS: list[set[str]] = [
     {"flatness"},
     {"optim"},
     {"methods"},
-    {"toys"},
     {"engine"},
+    {"toys"},
     {"api"},
+    {"cli"},
     {"bench", "reproduce"},
-    {"train", "evaluate", "cli", "torchrun"},
+    {"train", "evaluate", "torchrun", "reproduce.eval_job"},
 ]
 
 
@@ -129,13 +134,14 @@ def _cycle_through(graph: dict[str, set[str]], component: set[str]) -> list[str]
 
 
 def layer_of(module: str) -> int:
-    parts = module.split(".")
-    top = parts[1] if len(parts) > 1 else "__init__"
-    if top == "__init__":  # flatbnn/__init__.py: the lazy top-level namespace, above everything it re-exports
+    parts = module.split(".")[1:]
+    if not parts:  # flatbnn/__init__.py: the lazy top-level namespace, above everything it re-exports
         return len(LAYERS)
-    for i, layer in enumerate(LAYERS):
-        if top in layer:
-            return i
+    for n in range(len(parts), 0, -1):  # the most specific entry: "reproduce.eval_job" before "reproduce"
+        for i, layer in enumerate(LAYERS):
+            if ".".join(parts[:n]) in layer:
+                return i
+    top = parts[0]
     raise AssertionError(f"{module}: flatbnn.{top} is in no layer of LAYERS (tests/test_import_graph.py): add it")
 
 

@@ -41,7 +41,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from flatbnn.atomic_io import save_npy
-from flatbnn.data import DataBundle, DataOptions, make_bundle, register_dataset
+from flatbnn.data.registry import DataBundle, DataOptions, make_bundle, register_dataset
 from flatbnn.data.ood import register_test_loader
 from flatbnn.data.arrays import SUBSET_SEED, Arrays, canonical_subset, check_arrays
 from flatbnn.data.cifar10_c import SEVERITIES, ConcatWithTargets, load_shift_sets

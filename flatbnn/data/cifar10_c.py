@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from flatbnn.data import as_list
+from flatbnn.data.registry import as_list
 from flatbnn.data.arrays import canonical_subset
 
 GROUPS: dict[str, tuple[str, ...]] = {

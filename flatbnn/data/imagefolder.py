@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from flatbnn.data import DataBundle, DataOptions, finish_bundle, register_dataset
+from flatbnn.data.registry import DataBundle, DataOptions, finish_bundle, register_dataset
 from flatbnn.data.ood import register_test_loader
 from flatbnn.data.transforms import aug_seed, balanced_subset, call_with_torch_seed, sub_seed
 

@@ -43,8 +43,8 @@ LAYERS: list[set[str]] = [
 ]
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts)
+def _module_name(path: Path, package_dir: Path) -> str:
+    parts = list(path.relative_to(package_dir.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -54,7 +54,7 @@ def import_graph(package_dir: Path = PACKAGE_DIR) -> dict[str, set[str]]:
     ``from flatbnn.data import cifar`` is an edge to ``flatbnn.data.cifar`` when that is a module, else to
     ``flatbnn.data`` (its ``__init__``). The implicit import of a parent package is not an edge.
     """
-    files = {_module_name(p): p for p in sorted(package_dir.rglob("*.py"))}
+    files = {_module_name(p, package_dir): p for p in sorted(package_dir.rglob("*.py"))}
     root = package_dir.name
     graph: dict[str, set[str]] = defaultdict(set)
     for name, path in files.items():
@@ -173,3 +173,30 @@ def test_no_upward_imports() -> None:
     assert not found, "imports that run back up the layers (LAYERS in this file):\n" + "\n".join(
         f"{a} -> {b}" for a, b in found
     )
+
+
+def drawing(package_dir: Path = PACKAGE_DIR) -> str:
+    """The layers (top first), what each imports from below, the cycles and the upward imports, as text for
+    docs/ARCHITECTURE.md: ``python tests/test_import_graph.py [PACKAGE_DIR]``."""
+    graph = import_graph(package_dir)
+    present = {m.split(".")[1] if "." in m else "" for m in graph}
+    lines = []
+    for i in reversed(range(len(LAYERS))):
+        names = sorted(n for n in LAYERS[i] if n.split(".")[0] in present)
+        if not names:
+            continue
+        below = sorted({b.split(".")[1] for a, bs in graph.items() for b in bs
+                        if "." in a and layer_of(a) == i and "." in b and layer_of(b) < i})
+        lines.append(f"{' | '.join(names):<42} -> {', '.join(below) or '-'}")
+    found_cycles, found_up = cycles(graph), upward_imports(graph)
+    lines.append(f"cycles: {len(found_cycles)}")
+    lines += [f"  {' -> '.join(c)}" for c in found_cycles]
+    lines.append(f"upward imports: {len(found_up)}")
+    lines += [f"  {a} -> {b}" for a, b in found_up]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(drawing(Path(sys.argv[1]) if len(sys.argv) > 1 else PACKAGE_DIR))

@@ -332,7 +332,9 @@ def test_disk_full_inside_torch_save_is_one_line_and_keeps_the_previous_checkpoi
         def __exit__(self, *a):
             self.f.close()
 
-    monkeypatch.setattr(checkpoint, "open", lambda *a, **k: Full(open(*a, **k)), raising=False)
+    from flatbnn import atomic_io  # the one atomic writer, which checkpoint.save_checkpoint goes through
+
+    monkeypatch.setattr(atomic_io, "open", lambda *a, **k: Full(open(*a, **k)), raising=False)
     with pytest.raises(checkpoint.CheckpointError) as e:
         checkpoint.save_checkpoint(path, {"format": 1, "w": torch.randn(100_000)})
     assert "No space left on device" in str(e.value) and "previous checkpoint is intact" in str(e.value)

@@ -142,28 +142,6 @@ def yaml_error_line(exc: BaseException) -> str | None:
     return None
 
 
-def check_group_files(choices: dict, sources) -> None:
-    """Every config-group option the run composed is a mapping: Hydra merges a file holding a YAML list (or a
-    scalar) as nothing at all, so ``experiment=my_list`` would silently train the default config. ``sources``:
-    Hydra's config sources (``HydraConfig.get().runtime.config_sources``); only folders are checked."""
-    import yaml
-    from pathlib import Path
-
-    from flatbnn.engine.validate import ConfigError
-    folders = [Path(str(src.path)) for src in sources if str(getattr(src, "schema", "")) == "file"]
-    for group, option in choices.items():
-        if option in (None, "") or str(group).startswith("hydra"):
-            continue
-        for folder in folders:
-            f = folder / str(group) / f"{option}.yaml"
-            if f.is_file():
-                node = yaml.safe_load(f.read_text())
-                if node is not None and not isinstance(node, dict):
-                    raise ConfigError(f"{f}: {group}={option} is a YAML {type(node).__name__}, not a mapping of "
-                                      f"keys (Hydra would ignore it and train the default config)")
-                break
-
-
 def remove_stray_run_dir(run_dir) -> bool:
     """A run refused before it trained leaves only what Hydra made for it (``.hydra/*.yaml`` and an empty
     ``train.log``): remove that, and the dir if it is then empty, so nothing looks like a run there."""

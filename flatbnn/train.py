@@ -55,6 +55,22 @@ def _join(cfg: DictConfig) -> Path:
     return Path(D.broadcast_object(str(run_dir_from_hydra()), info))
 
 
+def _check_composition(cfg: DictConfig) -> None:
+    """What only the entry point sees, in Hydra's runtime: a reproduce job's ``+cell`` file carries its cell's keys,
+    and no composed group option is a YAML list (Hydra would ignore it). Here, not in engine/run.py: the engine
+    knows neither Hydra's choices nor reproduce's cells (tests/test_import_graph.py)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return
+    from flatbnn.engine.validate import check_group_files
+    from flatbnn.reproduce.launch import check_cell_choice
+
+    rt = HydraConfig.get().runtime
+    check_cell_choice(cfg, rt.choices.get("cell"))
+    check_group_files(dict(rt.choices), rt.config_sources)
+
+
 @hydra.main(version_base="1.3", config_path=str(resources.CONFIGS_DIR), config_name="config")
 def main(cfg: DictConfig) -> float | None:
     from flatbnn.engine import preemption
@@ -69,6 +85,7 @@ def main(cfg: DictConfig) -> float | None:
             run_dir = _join(cfg)
             results_path = run_dir / "results.json"
             before = preemption.mtime(results_path)
+            _check_composition(cfg)
             results = run(cfg, run_dir=run_dir)
         except Preempted as e:
             preemption.stop(e, guard, results=results_path, mtime_before=before, exit_preempted=EXIT_PREEMPTED)

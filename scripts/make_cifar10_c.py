@@ -37,10 +37,8 @@ repository (refused).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -48,20 +46,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from flatbnn.atomic_io import save_npy  # noqa: E402
 from flatbnn.data.cifar import load_cifar10_arrays  # noqa: E402
 from flatbnn.data.cifar10_c import GROUPS  # noqa: E402
 from flatbnn.data.corruptions import corrupt, implemented  # noqa: E402
-
-
-def _atomic_save(path: Path, arr: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            np.save(f, arr)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def parse_corruptions(text: str) -> list[str]:
@@ -87,12 +75,12 @@ def generate(root, out, subset=None, corruptions=None, seed=0, cache_dir=None, v
     data, _, layout = load_cifar10_arrays(root, None, subset, False, cache_dir, key="--root", splits=("test",))
     x, y = data["test"]
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_save(out / "labels.npy", np.tile(y.astype(np.uint8), 5))
+    save_npy(out / "labels.npy", np.tile(y.astype(np.uint8), 5))
     timings = {}
     for name in names:
         t0 = time.perf_counter()
         arr = np.concatenate([corrupt(x, name, s, seed=seed) for s in range(1, 6)])
-        _atomic_save(out / f"{name}.npy", arr)
+        save_npy(out / f"{name}.npy", arr)
         timings[name] = time.perf_counter() - t0
         if verbose:
             print(f"{name:18s} {arr.shape} {timings[name]:6.1f}s", flush=True)

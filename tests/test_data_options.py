@@ -210,8 +210,9 @@ def test_loader_key_validated_by_builders(tmp_path):
 def registry(monkeypatch):
     """A throw-away copy of the data set registry (test data sets do not leak into other tests)."""
     import flatbnn.data as data
+    from flatbnn.data import registry as data_registry
 
-    monkeypatch.setattr(data, "_REGISTRY", dict(data._REGISTRY))
+    monkeypatch.setattr(data_registry, "_REGISTRY", dict(data_registry._REGISTRY))
     return data
 
 

@@ -332,7 +332,9 @@ def test_disk_full_inside_torch_save_is_one_line_and_keeps_the_previous_checkpoi
         def __exit__(self, *a):
             self.f.close()
 
-    monkeypatch.setattr(checkpoint, "open", lambda *a, **k: Full(open(*a, **k)), raising=False)
+    from flatbnn import atomic_io  # the one atomic writer, which checkpoint.save_checkpoint goes through
+
+    monkeypatch.setattr(atomic_io, "open", lambda *a, **k: Full(open(*a, **k)), raising=False)
     with pytest.raises(checkpoint.CheckpointError) as e:
         checkpoint.save_checkpoint(path, {"format": 1, "w": torch.randn(100_000)})
     assert "No space left on device" in str(e.value) and "previous checkpoint is intact" in str(e.value)
@@ -343,7 +345,8 @@ def test_disk_full_inside_torch_save_is_one_line_and_keeps_the_previous_checkpoi
 def test_a_yaml_syntax_error_is_file_line_column_and_a_yaml_list_experiment_is_refused(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from flatbnn.cli import check_group_files, hydra_error_line
+    from flatbnn.cli import hydra_error_line
+    from flatbnn.engine.validate import check_group_files
     from flatbnn.engine.validate import ConfigError
     exp = tmp_path / "experiment"
     exp.mkdir()

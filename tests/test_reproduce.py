@@ -451,7 +451,7 @@ def test_a_committed_record_of_another_row_is_linked_when_its_run_dir_is_gone(tm
     assert [c for c in s["command"] if c.startswith("+cell=")] == ["+cell=sam05__s2"]   # its own record: retrained
     launch.link_reused(out, "sam05", 1, rec1)
     assert launch.job_state(out, "sam05", 1)[0] == "done"
-    archive.archive_row(dst, "cpu", out, results)                   # dst's record of seed 1 is now a link ...
+    compare.archive_row(dst, "cpu", out, results)                  # dst's record of seed 1 is now a link ...
     assert json.loads((archive.record_dir(results, "dst", "cpu", "sam05", 1) / "record.json").read_text())[
         "reused_from"]
     # ... which a third row never reuses
@@ -553,8 +553,7 @@ def test_an_eval_row_is_one_hydra_multirun_of_evaluations_that_a_launcher_can_ta
     assert [f.path.name for f in failed] == ["seed0"] and "optimizer.lr" in failed[0].message
     again = launch.launch_eval(row, "cpu", cells_glob="b20")   # a finished job is not evaluated again
     assert again["command"] == [] and again["jobs"]["b20/seed0"]["state"] == "done"
-    from flatbnn.reproduce import archive
-    archive.archive_row(row, "cpu", out, tmp_path / "results")    # a fresh clone: the record, no run dir
+    compare.archive_row(row, "cpu", out, tmp_path / "results")    # a fresh clone: the record, no run dir
     shutil.rmtree(out / "b20")
     kept = launch.launch_eval(row, "cpu", cells_glob="b20", dry_run=True, missing=True, records=tmp_path / "results")
     assert kept["command"] == [] and kept["jobs"]["b20/seed0"]["detail"].startswith("archived:")

@@ -27,21 +27,24 @@ the same canonical order (by fine class, then file position).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
 import os
 import pickle
 import tarfile
-import uuid
 import zlib
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 
-from flatbnn.data import DataBundle, DataOptions, make_bundle, register_dataset
+from flatbnn.atomic_io import save_npy
+from flatbnn.data.registry import DataBundle, DataOptions, make_bundle, register_dataset
 from flatbnn.data.ood import register_test_loader
+from flatbnn.data.arrays import SUBSET_SEED, Arrays, canonical_subset, check_arrays
+from flatbnn.data.cifar10_c import SEVERITIES, ConcatWithTargets, load_shift_sets
 from flatbnn.data.transforms import balanced_subset
 
 CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -49,7 +52,6 @@ NUM_CLASSES = 10
 INPUT_SHAPE = (3, 32, 32)
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
-SUBSET_SEED = 0  # fixed: every run seed sees the same subset
 IMAGE_EXTS = {".png", ".jpg", ".jpeg", ".bmp"}
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 TV_FOLDER = "cifar-10-batches-py"
@@ -58,7 +60,6 @@ TV_TEST = ("test_batch",)
 _CACHE_VERSION = 1
 _SPLITS = ("train", "test")
 
-Arrays = tuple[np.ndarray, np.ndarray]  # uint8 [N, 32, 32, 3], int64 [N]
 
 
 # --------------------------------------------------------------------------- locating
@@ -138,18 +139,6 @@ def _cache_files(cache: Path, key: dict[str, Any]) -> tuple[Path, Path]:
     return cache / f"{stem}.images.npy", cache / f"{stem}.labels.npy"
 
 
-def _atomic_save(path: Path, arr: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            np.save(f, arr)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def _cache_load(files: tuple[Path, Path]) -> Arrays | None:
     img_f, lbl_f = files
     if not (img_f.is_file() and lbl_f.is_file()):
@@ -164,8 +153,8 @@ def _cache_load(files: tuple[Path, Path]) -> Arrays | None:
 
 
 def _cache_save(files: tuple[Path, Path], arrays: Arrays) -> None:
-    _atomic_save(files[0], arrays[0])
-    _atomic_save(files[1], arrays[1])  # labels last: their presence marks a complete entry
+    save_npy(files[0], arrays[0])
+    save_npy(files[1], arrays[1])  # labels last: their presence marks a complete entry
 
 
 # --------------------------------------------------------------------------- decoding
@@ -526,23 +515,6 @@ def load_cifar10_arrays(
     return data, list(classes) if classes else list(CLASSES), layout
 
 
-def canonical_subset(x: np.ndarray, y: np.ndarray, n: int | None, num_classes: int) -> Arrays:
-    """Canonical order (by class, then by position within the class) and the fixed class-balanced
-    subset of ``n`` (all if None), as every layout of every array data set uses."""
-    y = np.asarray(y, dtype=np.int64)
-    order = np.argsort(y, kind="stable")
-    sel = order[balanced_subset(y[order], n, seed=SUBSET_SEED, num_classes=num_classes)]
-    return x[sel], y[sel]
-
-
-def check_arrays(dataset: str, data: dict[str, Arrays], shape: tuple[int, ...], num_classes: int) -> None:
-    for split, (x, y) in data.items():
-        if tuple(x.shape[1:]) != tuple(shape) or len(x) != len(y):
-            raise ValueError(f"{dataset} {split}: unexpected array shapes {x.shape}, {y.shape}")
-        if len(y) and (y.min() < 0 or y.max() >= num_classes):
-            raise ValueError(f"{dataset} {split}: labels outside [0, {num_classes})")
-
-
 @register_test_loader("cifar10")
 def cifar10_test_arrays(root: Any, *, subset: int | None = None, download: bool = False, cache_dir: Any = None,
                         key: str = "dataset.root") -> Arrays:
@@ -564,13 +536,43 @@ def build_cifar10(
     meta = {"classes": tuple(classes), "layout": layout, "root": str(opts.root)}
     shift = {}
     if shift_root not in (None, ""):
-        from flatbnn.data.cifar10_c import load_shift_sets
-
         shift, shift_meta = load_shift_sets(shift_root, shift_corruptions, shift_severities, opts.test_subset,
-                                            key="dataset.shift_root")
+                                            key="dataset.shift_root", num_classes=NUM_CLASSES, mean=MEAN, std=STD)
         meta.update(shift_meta)
     return make_bundle(opts, data["train"], data["test"], num_classes=NUM_CLASSES, mean=MEAN, std=STD,
                        scale=255.0, meta=meta, shift=shift)
+
+
+# CIFAR-10-C (data/cifar10_c.py loads the corrupted sets) as its own data set, trained on clean CIFAR-10
+@register_dataset("cifar10_c", augment="crop_flip", num_classes=NUM_CLASSES, input_shape=INPUT_SHAPE)
+def build_cifar10_c(
+    opts: DataOptions,
+    clean_root: Any = "data",
+    corruptions: Any = "all",
+    severities: Any = SEVERITIES,
+) -> DataBundle:
+    """Train on clean CIFAR-10 (``clean_root``, any cifar10 layout), test on CIFAR-10-C (``opts.root``).
+
+    ``download=True`` only fetches the clean CIFAR-10 (CIFAR-10-C is not downloaded: see
+    :data:`SOURCE`). ``test`` = all selected corrupted sets concatenated (corruption-major, then
+    severity); ``shift`` = the same sets keyed ``"<corruption>/<severity>"``. OOD sets default to
+    ``clean_root``, not to the CIFAR-10-C folder (which holds no other data set).
+    """
+    root = opts.root
+    shift, shift_meta = load_shift_sets(root, corruptions, severities, opts.test_subset, key="dataset.root",
+                                         num_classes=NUM_CLASSES, mean=MEAN, std=STD)
+    data, classes, layout = load_cifar10_arrays(clean_root, opts.train_subset, None, opts.download, opts.cache_dir,
+                                                key="dataset.clean_root", splits=("train",))
+    check_arrays("cifar10_c", data, (32, 32, 3), NUM_CLASSES)
+    test = ConcatWithTargets(list(shift.values()))
+    bundle = make_bundle(
+        dataclasses.replace(opts, root=clean_root), data["train"],
+        (np.zeros((0, 32, 32, 3), np.uint8), np.zeros(0, np.int64)),
+        num_classes=NUM_CLASSES, mean=MEAN, std=STD, scale=255.0, shift=shift,
+        meta=dict(shift_meta, classes=tuple(classes), layout=layout, root=str(root), clean_root=str(clean_root),
+                  test_keys=tuple(shift)))
+    bundle.test = test
+    return bundle
 
 
 # --------------------------------------------------------------------------- CIFAR-100

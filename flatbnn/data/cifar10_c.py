@@ -26,7 +26,6 @@ Corruption groups follow flat_seeking_bnn Table 5 (:data:`GROUPS`).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from bisect import bisect_right
 from pathlib import Path
@@ -36,9 +35,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from flatbnn.data import DataBundle, DataOptions, as_list, make_bundle, register_dataset
-from flatbnn.data.cifar import (INPUT_SHAPE, MEAN, NUM_CLASSES, STD, canonical_subset, check_arrays,
-                                load_cifar10_arrays)
+from flatbnn.data.registry import as_list
+from flatbnn.data.arrays import canonical_subset
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "noise": ("gaussian_noise", "shot_noise", "impulse_noise"),
@@ -188,7 +186,7 @@ class ConcatWithTargets(Dataset):
         return self.datasets[k][index - self.offsets[k]]
 
 
-def _open_labels(folder: Path, key: str) -> tuple[np.ndarray, int]:
+def _open_labels(folder: Path, key: str, num_classes: int) -> tuple[np.ndarray, int]:
     labels = np.load(folder / "labels.npy").astype(np.int64).reshape(-1)
     if len(labels) % 5:
         raise ValueError(f"{folder}/labels.npy has {len(labels)} rows, not 5 severities x N")
@@ -196,8 +194,8 @@ def _open_labels(folder: Path, key: str) -> tuple[np.ndarray, int]:
     base = labels[:n]
     if not all(np.array_equal(labels[s * n:(s + 1) * n], base) for s in range(1, 5)):
         raise ValueError(f"{folder}/labels.npy: the 5 severity blocks do not carry the same labels")
-    if n and (base.min() < 0 or base.max() >= NUM_CLASSES):
-        raise ValueError(f"{folder}/labels.npy: labels outside [0, {NUM_CLASSES})")
+    if n and (base.min() < 0 or base.max() >= num_classes):
+        raise ValueError(f"{folder}/labels.npy: labels outside [0, {num_classes})")
     return base, n
 
 
@@ -208,18 +206,19 @@ def load_shift_sets(
     test_subset: int | None = None,
     *,
     key: str = "dataset.root",
-    mean: Sequence[float] = MEAN,
-    std: Sequence[float] = STD,
+    num_classes: int,
+    mean: Sequence[float],
+    std: Sequence[float],
 ) -> tuple[dict[str, NpyImageDataset], dict[str, Any]]:
     """``({"<corruption>/<severity>": data set}, meta)`` for the selected corruptions/severities;
     ``meta`` has ``shift_groups`` (corruption -> group), ``shift_corruptions``, ``shift_severities``
-    and ``shift_root``."""
+    and ``shift_root``. ``num_classes`` / ``mean`` / ``std``: CIFAR-10's (data/cifar.py declares them)."""
     names = parse_corruptions(corruptions)
     sevs = parse_severities(severities)
     folder = locate(root)
     if folder is None:
         raise FileNotFoundError(not_found_message(root, key, names))
-    labels, n = _open_labels(folder, key)
+    labels, n = _open_labels(folder, key, num_classes)
     missing = [c for c in names if not (folder / f"{c}.npy").is_file()]
     if missing:
         raise FileNotFoundError(
@@ -227,7 +226,7 @@ def load_shift_sets(
             f"{SOURCE} (a generated folder has only the corruptions it was made with: choose them with "
             f"the corruptions key), and set {key} to it")
     # canonical order + fixed balanced subset, exactly as the clean test set (positions within a block)
-    pos, y = canonical_subset(np.arange(n), labels, test_subset, NUM_CLASSES)
+    pos, y = canonical_subset(np.arange(n), labels, test_subset, num_classes)
     sets: dict[str, NpyImageDataset] = {}
     for c in names:
         path = folder / f"{c}.npy"
@@ -239,33 +238,3 @@ def load_shift_sets(
     meta = {"shift_root": str(folder), "shift_corruptions": tuple(names), "shift_severities": tuple(sevs),
             "shift_groups": {c: GROUP_OF.get(c, "extra") for c in names}}
     return sets, meta
-
-
-@register_dataset("cifar10_c", augment="crop_flip", num_classes=NUM_CLASSES, input_shape=INPUT_SHAPE)
-def build_cifar10_c(
-    opts: DataOptions,
-    clean_root: Any = "data",
-    corruptions: Any = "all",
-    severities: Any = SEVERITIES,
-) -> DataBundle:
-    """Train on clean CIFAR-10 (``clean_root``, any cifar10 layout), test on CIFAR-10-C (``opts.root``).
-
-    ``download=True`` only fetches the clean CIFAR-10 (CIFAR-10-C is not downloaded: see
-    :data:`SOURCE`). ``test`` = all selected corrupted sets concatenated (corruption-major, then
-    severity); ``shift`` = the same sets keyed ``"<corruption>/<severity>"``. OOD sets default to
-    ``clean_root``, not to the CIFAR-10-C folder (which holds no other data set).
-    """
-    root = opts.root
-    shift, shift_meta = load_shift_sets(root, corruptions, severities, opts.test_subset, key="dataset.root")
-    data, classes, layout = load_cifar10_arrays(clean_root, opts.train_subset, None, opts.download, opts.cache_dir,
-                                                key="dataset.clean_root", splits=("train",))
-    check_arrays("cifar10_c", data, (32, 32, 3), NUM_CLASSES)
-    test = ConcatWithTargets(list(shift.values()))
-    bundle = make_bundle(
-        dataclasses.replace(opts, root=clean_root), data["train"],
-        (np.zeros((0, 32, 32, 3), np.uint8), np.zeros(0, np.int64)),
-        num_classes=NUM_CLASSES, mean=MEAN, std=STD, scale=255.0, shift=shift,
-        meta=dict(shift_meta, classes=tuple(classes), layout=layout, root=str(root), clean_root=str(clean_root),
-                  test_keys=tuple(shift)))
-    bundle.test = test
-    return bundle

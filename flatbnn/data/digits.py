@@ -11,7 +11,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from flatbnn.data import DataBundle, DataOptions, make_bundle, register_dataset
+from flatbnn.data.registry import DataBundle, DataOptions, make_bundle, register_dataset
 from flatbnn.data.transforms import balanced_subset
 
 NUM_CLASSES = 10

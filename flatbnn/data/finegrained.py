@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from flatbnn.data import DataBundle, DataOptions, finish_bundle, register_dataset
+from flatbnn.data.registry import DataBundle, DataOptions, finish_bundle, register_dataset
 from flatbnn.data.imagefolder import IN_MEAN, IN_STD, ImageFileDataset, _select
 
 SHAPE = (3, 224, 224)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from flatbnn.data import DataBundle, DataOptions, finish_bundle, register_dataset
+from flatbnn.data.registry import DataBundle, DataOptions, finish_bundle, register_dataset
 from flatbnn.data.ood import register_test_loader
 from flatbnn.data.transforms import aug_seed, balanced_subset, call_with_torch_seed, sub_seed
 
@@ -117,6 +117,10 @@ class ImageFileDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         index = int(index)
         return self.normalize(self.raw(index)), int(self.targets[index])
+
+    def imagenet_train_set(self, seed: int) -> "ImageNetTrainDataset":
+        """``augment: imagenet`` of this set (transforms.make_train_set calls it)."""
+        return ImageNetTrainDataset(self, seed=seed)
 
     def subset(self, indices: Any) -> "ImageFileDataset":
         idx = np.asarray(indices, dtype=np.int64)

@@ -19,8 +19,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from flatbnn.data import DataBundle, DataOptions, make_bundle, register_dataset
-from flatbnn.data.cifar import canonical_subset, check_arrays
+from flatbnn.data.registry import DataBundle, DataOptions, make_bundle, register_dataset
+from flatbnn.data.arrays import canonical_subset, check_arrays
 from flatbnn.data.ood import register_test_loader
 
 NUM_CLASSES = 10

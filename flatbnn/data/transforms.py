@@ -355,7 +355,8 @@ def check_augment(dataset: str, augment: Any, allowed: Sequence[str] = ARRAY_AUG
 def make_train_set(base: Any, augment: str, seed: int) -> Dataset:
     """``base`` itself for ``"none"`` (it has a no-op ``set_epoch``), else the preset's wrapper:
     ``crop_flip`` -> :class:`AugmentedDataset`, ``autoaugment_cutout`` ->
-    :class:`AutoAugmentCutoutDataset`, ``imagenet`` -> :class:`flatbnn.data.imagefolder.ImageNetTrainDataset`."""
+    :class:`AutoAugmentCutoutDataset`, ``imagenet`` -> :class:`flatbnn.data.imagefolder.ImageNetTrainDataset`
+    (made by ``ImageFileDataset.imagenet_train_set``)."""
     if augment == "none":
         return base
     if augment == "crop_flip":
@@ -363,11 +364,11 @@ def make_train_set(base: Any, augment: str, seed: int) -> Dataset:
     if augment == "autoaugment_cutout":
         return AutoAugmentCutoutDataset(base, seed=seed)
     if augment == "imagenet":
-        from flatbnn.data.imagefolder import ImageFileDataset, ImageNetTrainDataset
-
-        if not isinstance(base, ImageFileDataset):
+        # the image-file data set makes its own wrapper: this generic helper imports no data set (no import cycle)
+        imagenet_train_set = getattr(base, "imagenet_train_set", None)
+        if imagenet_train_set is None:
             raise ValueError("augment='imagenet' needs an image-file data set (imagenet)")
-        return ImageNetTrainDataset(base, seed=seed)
+        return imagenet_train_set(seed)
     raise ValueError(f"unknown augment {augment!r}; one of {list(AUGMENTATIONS)}")
 
 

@@ -18,28 +18,14 @@ from pathlib import Path
 
 import torch
 
+# the atomic writers live in flatbnn.atomic_io (lowest layer); re-exported here for existing callers
+from flatbnn.atomic_io import atomic_write as _atomic_write
+from flatbnn.atomic_io import temp_name as _temp_name
+from flatbnn.atomic_io import write_bytes, write_json, write_text  # noqa: F401
+
 
 class CheckpointError(RuntimeError):
     pass
-
-
-def _temp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp.{os.getpid()}")  # the pattern remove_stale_temp_files knows
-
-
-def _atomic_write(path: Path, write) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temp_name(path)
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a partial file (ENOSPC, an exception mid-write) must not pile up
-        raise
 
 
 def _os_error_in(exc: BaseException) -> OSError | None:
@@ -266,17 +252,3 @@ def checkpoint_problem(state: dict, world_size: int) -> str | None:
     if sums is not None and (not isinstance(sums, list) or len(sums) != world_size):
         return f"its 'epoch_sums' entry is not a list of {world_size} per-process sums"
     return None
-
-
-def write_bytes(path: Path, data: bytes) -> None:
-    _atomic_write(path, lambda f: f.write(data))
-
-
-def write_text(path: Path, text: str) -> None:
-    """A text file written atomically (Markdown tables, the status board)."""
-    write_bytes(path, text.encode())
-
-
-def write_json(path: Path, obj) -> None:
-    data = json.dumps(obj, indent=2, sort_keys=False, default=str).encode()
-    _atomic_write(path, lambda f: f.write(data))

@@ -13,57 +13,13 @@ script, which nothing else writes). Only rank 0 reports.
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
-LOG_NAME = "train.log"
+# the run's log and its warning line live in flatbnn/runlog.py (lowest layer: metrics warn through it too)
+from flatbnn.runlog import LOG_NAME, RunReport, warn  # noqa: F401
+
 # a run within this many binomial standard errors of 1/K test accuracy learned nothing (also the reproduction
 # rows' "at chance": flatbnn/reproduce/compare.py imports it)
 CHANCE_SE = 3.0
-
-_active: "RunReport | None" = None  # the report of the run in progress: where ``warn`` also writes
-
-
-def warn(line: str) -> None:
-    """``flatbnn: warning: <line>`` on stderr, and in the running run's train.log (if one is running)."""
-    if _active is not None:
-        _active.warn(line)
-    else:
-        print(f"flatbnn: warning: {line}", file=sys.stderr, flush=True)
-
-
-class RunReport:
-    def __init__(self, run_dir: Path, enabled: bool = True):
-        self.path = Path(run_dir) / LOG_NAME
-        self.enabled = enabled
-
-    def __enter__(self) -> "RunReport":
-        global _active
-        self._previous, _active = _active, self
-        return self
-
-    def __exit__(self, *exc) -> None:
-        global _active
-        _active = self._previous
-
-    def _append(self, text: str) -> None:
-        try:
-            with open(self.path, "a") as f:
-                f.write(text if text.endswith("\n") else text + "\n")
-        except OSError:  # the log is a copy of what the console shows; a full disk fails elsewhere, in one line
-            pass
-
-    def info(self, line: str) -> None:
-        if self.enabled:
-            print(line, flush=True)
-            self._append(line)
-
-    def warn(self, line: str) -> None:
-        if self.enabled:
-            text = f"flatbnn: warning: {line}"
-            print(text, file=sys.stderr, flush=True)
-            self._append(text)
-
 
 # ---------------------------------------------------------------------------------------------- the lines
 def _count(n: int) -> str:

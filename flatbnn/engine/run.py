@@ -37,7 +37,7 @@ from flatbnn.engine.provenance import git_commit, hardware
 from flatbnn.engine.report import RunReport, report_final, report_start
 from flatbnn.engine.trainer import Trainer, ignore_stop_signals, position_problem
 from flatbnn.methods.base import RunContext
-from flatbnn.reproduce.aggregate import flatten  # {'a': {'b': 1}} -> {'a.b': 1} (light: no torch)
+from flatbnn.utils import flatten  # {'a': {'b': 1}} -> {'a.b': 1}
 from flatbnn.metrics.evaluate import EvalConfig, dataset_targets, evaluate
 
 
@@ -588,9 +588,6 @@ def run(cfg: DictConfig, run_dir: Path | None = None) -> dict | None:
     git_start = git_commit()  # the code this process trains with (read now: the tree may change while it runs)
     from flatbnn.engine.validate import validate_config
     validate_config(cfg, run_dir or run_dir_from_hydra())  # types, ranges, device, writable run dir: before any data
-    from flatbnn.reproduce.launch import check_cell_choice
-    check_cell_choice(cfg, _hydra_choice("cell"))  # a reproduce job carries its cell's keys
-    _check_group_files()  # an experiment / method file that is a YAML list is refused, not ignored
     b = build(cfg, run_dir, training=True)
     claim = claim_run_dir(b)  # nothing in the run dir is written before this passed
     try:
@@ -758,22 +755,6 @@ def _model_name(cfg) -> str:
         return HydraConfig.get().runtime.choices.get("model", cfg.model.name)
     except Exception:
         return cfg.model.get("name", "unknown")
-
-
-def _check_group_files() -> None:
-    from hydra.core.hydra_config import HydraConfig
-    if HydraConfig.initialized():
-        from flatbnn.cli import check_group_files
-        rt = HydraConfig.get().runtime
-        check_group_files(dict(rt.choices), rt.config_sources)
-
-
-def _hydra_choice(group: str) -> str | None:
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        return HydraConfig.get().runtime.choices.get(group) if HydraConfig.initialized() else None
-    except Exception:
-        return None
 
 
 def _overrides() -> list:

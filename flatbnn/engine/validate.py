@@ -263,3 +263,23 @@ def validate_config(cfg: DictConfig, run_dir: Path | None = None, *, rank: int |
 
 __all__ = ["ConfigError", "RULES", "check_device", "check_model_data", "check_unknown_keys", "check_values",
            "check_writable", "validate_config"]
+
+
+def check_group_files(choices: dict, sources) -> None:
+    """Every config-group option the run composed is a mapping: Hydra merges a file holding a YAML list (or a
+    scalar) as nothing at all, so ``experiment=my_list`` would silently train the default config. ``sources``:
+    Hydra's config sources (``HydraConfig.get().runtime.config_sources``); only folders are checked."""
+    import yaml
+
+    folders = [Path(str(src.path)) for src in sources if str(getattr(src, "schema", "")) == "file"]
+    for group, option in choices.items():
+        if option in (None, "") or str(group).startswith("hydra"):
+            continue
+        for folder in folders:
+            f = folder / str(group) / f"{option}.yaml"
+            if f.is_file():
+                node = yaml.safe_load(f.read_text())
+                if node is not None and not isinstance(node, dict):
+                    raise ConfigError(f"{f}: {group}={option} is a YAML {type(node).__name__}, not a mapping of "
+                                      f"keys (Hydra would ignore it and train the default config)")
+                break

@@ -33,16 +33,15 @@ class _LossOf(nn.Module):
         return self.loss_fn(batch)
 
 
-def refusal(flatness, loss_fn, batch, backprop, scaling, perturb) -> str | None:
-    """Why the batched path cannot give the loop's step here (one line), or None."""
-    from flatbnn.flatness.sam import SAM
-    from flatbnn.methods.base import Method
-
+def refusal(flatness, loss_fn, batch, backprop, scaling, perturb, *, plain_sam: bool, plain_loss: bool) -> str | None:
+    """Why the batched path cannot give the loop's step here (one line), or None. ``plain_sam``: the flatness
+    has SAM's own direction; ``plain_loss``: ``loss_fn`` is a method's inherited ``Method.loss_fn`` -- both
+    decided by the caller (sam.py), so this module imports neither SAM (a cycle) nor the methods (a layer up)."""
     owner = getattr(loss_fn, "__self__", None)
     module = backprop.module
-    if type(flatness).direction is not SAM.direction or scaling is not None:
+    if not plain_sam or scaling is not None:
         return f"flatness.batched_chunks=true supports plain SAM (D = I) only, not flatness={flatness.name}"
-    if not isinstance(owner, Method) or type(owner).loss_fn is not Method.loss_fn:
+    if not plain_loss:
         return (f"flatness.batched_chunks=true needs a method with the plain loss (map, swag, sgld, ...), not "
                 f"method={getattr(owner, 'name', owner)}")
     if owner.model is not module:
@@ -62,13 +61,14 @@ def refusal(flatness, loss_fn, batch, backprop, scaling, perturb) -> str | None:
     return None
 
 
-def batched_sam_gradient(flatness, params, loss_fn, batch, backprop, scaling=None, perturb=None) -> torch.Tensor:
+def batched_sam_gradient(flatness, params, loss_fn, batch, backprop, scaling=None, perturb=None, *,
+                         plain_sam: bool, plain_loss: bool) -> torch.Tensor:
     """Leave sum_k g'_k / m in ``p.grad``; return the mean first-pass loss (see the module docstring)."""
     from flatbnn.flatness.base import unzip_named
 
     _, params = unzip_named(params)
     params = [p for p in params if p.requires_grad]
-    why = refusal(flatness, loss_fn, batch, backprop, scaling, perturb)
+    why = refusal(flatness, loss_fn, batch, backprop, scaling, perturb, plain_sam=plain_sam, plain_loss=plain_loss)
     if why is not None:
         raise ValueError(why)
     module, owner, m = backprop.module, loss_fn.__self__, flatness.m

@@ -124,7 +124,10 @@ class SAM(Flatness):
         self._chunk_index = 0  # chunk_gradient counts the m-sharpness chunks of this step (bn_chunks)
         if self.batched_chunks and self.m > 1:
             from flatbnn.flatness.batched import batched_sam_gradient
-            return batched_sam_gradient(self, params, loss_fn, batch, backprop, scaling, perturb)
+            owner = getattr(loss_fn, "__self__", None)  # the method whose loss this is (Method.has_plain_loss)
+            return batched_sam_gradient(self, params, loss_fn, batch, backprop, scaling, perturb,
+                                        plain_sam=type(self).direction is SAM.direction,
+                                        plain_loss=bool(getattr(owner, "has_plain_loss", False)))
         return super().gradient(params, loss_fn, batch, backprop, scaling=scaling, perturb=perturb)
 
     def _bn_pass(self, passes: tuple[str, ...]) -> bool:

@@ -106,6 +106,12 @@ class Method:
         """Hook for posterior collection (SWAG moments, SGLD samples, ...)."""
 
     # ---------------------------------------------------------------- training
+    @property
+    def has_plain_loss(self) -> bool:
+        """Whether this method keeps the inherited :meth:`loss_fn` (flatness.batched_chunks needs it; asked by
+        duck typing, so the flatness layer does not import the methods)."""
+        return type(self).loss_fn is Method.loss_fn
+
     def loss_fn(self, batch) -> torch.Tensor:
         """Mean NLL over the batch (forward only). Records train accuracy on the first call of a step."""
         x, y = batch

@@ -138,7 +138,7 @@ def _nonfinite_rows(x: torch.Tensor) -> int:
 
 
 def _warn(line: str) -> None:
-    from flatbnn.engine.report import warn  # also into the running run's train.log
+    from flatbnn.runlog import warn  # also into the running run's train.log
     warn(line)
 
 

@@ -89,7 +89,7 @@ def reliability_diagram(
 def save_png(fig, path: str | os.PathLike, dpi: float | None = None) -> str:
     """Write ``fig`` as a PNG at ``path`` (parent folders created, atomically: a reader never sees half a
     PNG); ``dpi`` None = matplotlib's default. Returns the path as a string."""
-    from flatbnn.engine.checkpoint import write_bytes  # the one atomic writer (unique temp, removed on failure)
+    from flatbnn.atomic_io import write_bytes  # the one atomic writer (temp file removed on failure)
 
     path = os.fspath(path)
     buf = io.BytesIO()

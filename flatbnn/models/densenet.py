@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import in_channels_of, register_model
+from .registry import in_channels_of, register_model
 from ._common import dropout_or_identity, he_init_
 
 BLOCKS = {121: (6, 12, 24, 16), 169: (6, 12, 32, 32), 201: (6, 12, 48, 32)}

@@ -25,7 +25,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from . import register_model
+from .registry import register_model
 from ._common import dropout_or_identity
 
 Variant = Literal["classic", "tfp", "bsam"]

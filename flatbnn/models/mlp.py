@@ -14,7 +14,7 @@ from typing import Literal
 
 from torch import nn
 
-from . import register_model
+from .registry import register_model
 
 Activation = Literal["relu", "elu"]
 _ACTIVATIONS = {"relu": nn.ReLU, "elu": nn.ELU}

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from . import in_channels_of, register_model
+from .registry import in_channels_of, register_model
 
 
 def _he_normal_truncated_(w: torch.Tensor) -> None:

@@ -29,7 +29,7 @@ from torch import nn
 from torchvision.models.densenet import DenseNet
 from torchvision.models.resnet import Bottleneck, ResNet
 
-from . import register_model
+from .registry import register_model
 from ._common import check_file, load_pretrained_
 
 

@@ -40,7 +40,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from . import in_channels_of, register_model
+from .registry import in_channels_of, register_model
 from ._common import dropout_or_identity, he_init_, spatial_of
 
 Head = Literal["linear", "mlp"]

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from . import register_model
+from .registry import register_model
 from ._common import check_file
 
 

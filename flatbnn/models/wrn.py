@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import in_channels_of, register_model
+from .registry import in_channels_of, register_model
 from ._common import dropout_or_identity
 
 StrideOn = Literal["first", "second"]

@@ -41,6 +41,8 @@ from typing import Any, Iterable
 
 import yaml
 
+from flatbnn.utils import flatten  # noqa: F401 (also aggregate.flatten for its callers)
+
 METRICS = ["accuracy", "nll", "ece", "brier", "auroc_misclassification", "auroc_ood"]
 
 STATS_NOTE = ("mean ± std over seeds (std: sample standard deviation, ddof = 1); n = number of seeds; "
@@ -314,18 +316,6 @@ def _norm(v: Any) -> Any:
 
 def _canon(v: Any) -> str:
     return json.dumps(_norm(v), sort_keys=True, default=str)
-
-
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists and empty dicts are leaves."""
-    out = {}
-    for k, v in d.items():
-        name = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, name + "."))
-        else:
-            out[name] = v
-    return out
 
 
 def _ignored(key: str, value: Any, seed: Any) -> bool:

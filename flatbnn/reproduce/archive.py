@@ -18,7 +18,6 @@ and writing the comparison refreshes the record from it. Never at ``smoke`` scal
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from flatbnn.engine.checkpoint import write_bytes, write_json
@@ -69,26 +68,6 @@ def trained_on(meta: dict) -> str:
     device = hw.get("gpu") or f"cpu ({hw.get('cpu_count', '?')} cores)"
     dirty = "+dirty" if git.get("dirty") else ""
     return f"{device}, torch {hw.get('torch', '?')}, commit {str(git.get('commit', '?'))[:8]}{dirty}"
-
-
-def archive_row(row, scale: str, out: Path, root: Path | None = None) -> int:
-    """Archive every finished job of ``row`` at ``scale`` found in ``out``; returns how many records changed.
-    A linked job (another row's run, see launch.reusable_runs) is archived with the link it was; a stale run (trained
-    with another config than the spec's now, launch.stale_run) is not: it must not replace a good record."""
-    if scale not in SCALES or row.kind not in ("train", "eval"):  # a script row's outputs are its own files
-        return 0
-    from flatbnn.reproduce.launch import checks_staleness, run_dir, stale_run
-
-    root = Path(root or ARCHIVE_ROOT)
-    n = 0
-    for cell in row.cells_for(scale):
-        for seed in cell.seeds:
-            d = run_dir(out, cell.id, seed)
-            if not (d / "results.json").is_file() or (checks_staleness(row, scale) and stale_run(cell, seed, d)):
-                continue
-            reused = os.readlink(d) if d.is_symlink() else None
-            n += archive_run(d, record_dir(root, row.row, scale, cell.id, seed), reused)
-    return n
 
 
 def archived(root: Path | None, row: str, scale: str, cell_id: str, seed: int) -> Path | None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flatbnn.reproduce import archive, cost, launch, preflight
+from flatbnn.reproduce.compare import archive_row
 from flatbnn.reproduce.spec import REPO, Cell, Row, SpecError, list_rows, load_row
 
 PAPER = "paper"
@@ -226,7 +227,7 @@ def run(p: Plan, *, budget_s: float, procs: int = 1, gpus: int = 0, margin_s: fl
                 del running[slot]
                 if rc == 0 and (job.run / "results.json").is_file():
                     res["finished"].append(job.name)
-                    archive.archive_row(job.row, PAPER, job.out, results_root)  # the record, at once
+                    archive_row(job.row, PAPER, job.out, results_root)  # the record, at once
                     meta = json.loads((job.run / "results.json").read_text()).get("meta") or {}
                     _log(f"done {job.name}: {archive.trained_on(meta)}")
                 elif rc == EXIT_STOPPED or (sent_at is not None and rc < 0):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import math
+import os
 import shutil
 import statistics
 import sys
@@ -22,7 +23,8 @@ from pathlib import Path
 
 from flatbnn.engine.checkpoint import write_json, write_text
 from flatbnn.engine.report import CHANCE_SE
-from flatbnn.reproduce.launch import OUTPUT_ROOT, job_state, run_dir
+from flatbnn.reproduce import archive
+from flatbnn.reproduce.launch import OUTPUT_ROOT, checks_staleness, job_state, run_dir, stale_run
 from flatbnn.reproduce.spec import REPO, Row
 
 RESULTS_ROOT = REPO / "results" / "reproduce"
@@ -69,7 +71,7 @@ def collect(row: Row, scale: str, out: Path | None = None, archive_root: Path | 
     ``archive_root`` -- by default results/reproduce when ``out`` is the default outputs dir; a caller naming
     another ``out`` (a test, a scratch sweep) reads no records unless it names ``archive_root`` too."""
     from flatbnn.reproduce.archive import ARCHIVE_ROOT, archived_detail, run_or_record
-    from flatbnn.reproduce.launch import checks_staleness, stale_detail, stale_run
+    from flatbnn.reproduce.launch import stale_detail
 
     if archive_root is None and out is None:
         archive_root = ARCHIVE_ROOT
@@ -616,6 +618,25 @@ def finished_runs(comparison: dict) -> int:
     return sum(st == "done" for cell in (comparison.get("jobs") or {}).values() for st in cell.values())
 
 
+# archive_row lives here, not in archive.py (the record store, below launch.py): it walks a row's run dirs
+def archive_row(row, scale: str, out: Path, root: Path | None = None) -> int:
+    """Archive every finished job (as committed records, archive.py) of ``row`` at ``scale`` found in ``out``; returns how many records changed.
+    A linked job (another row's run, see launch.reusable_runs) is archived with the link it was; a stale run (trained
+    with another config than the spec's now, launch.stale_run) is not: it must not replace a good record."""
+    if scale not in archive.SCALES or row.kind not in ("train", "eval"):  # a script row's outputs are its own files
+        return 0
+    root = Path(root or archive.ARCHIVE_ROOT)
+    n = 0
+    for cell in row.cells_for(scale):
+        for seed in cell.seeds:
+            d = run_dir(out, cell.id, seed)
+            if not (d / "results.json").is_file() or (checks_staleness(row, scale) and stale_run(cell, seed, d)):
+                continue
+            reused = os.readlink(d) if d.is_symlink() else None
+            n += archive.archive_run(d, archive.record_dir(root, row.row, scale, cell.id, seed), reused)
+    return n
+
+
 def write_comparison(row: Row, scale: str, out: Path | None = None, dest: Path | None = None,
                      force: bool = False) -> Path:
     """Write ``results/reproduce/<row>/<scale>.json`` (always) and ``<scale>.md`` (not for smoke), with the
@@ -624,8 +645,6 @@ def write_comparison(row: Row, scale: str, out: Path | None = None, dest: Path |
     that is gone: a later session adds seeds to the same table. A comparison built from fewer finished runs
     than the one already there (an interrupted rerun, a row whose earlier runs have no records) does not
     replace it unless ``force``: the existing one is kept and a line says so."""
-    from flatbnn.reproduce.archive import archive_row
-
     dest = Path(dest or RESULTS_ROOT / row.row)
     archive_root = dest.parent
     archive_row(row, scale, Path(out or OUTPUT_ROOT / row.row / scale), archive_root)

@@ -94,13 +94,7 @@ def test_flatbnn_t5_refuses_to_start_without_a_cifar10_c_folder(tmp_path, monkey
 def test_reproduce_run_preflights_an_eval_row_in_one_line(tmp_path, monkeypatch, capsys):
     """`scripts/reproduce.py run flatbnn_t5 --scale paper` without CIFAR-10-C: exit 2 and one line before any job
     (it used to start every evaluation job, each failing on an unresolved ${oc.env:FLATBNN_CIFAR10_C})."""
-    import importlib.util
-
-    from flatbnn.reproduce.spec import REPO
-
-    spec = importlib.util.spec_from_file_location("reproduce_cli", REPO / "scripts" / "reproduce.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    from flatbnn.reproduce import cli
     monkeypatch.delenv("FLATBNN_CIFAR10_C", raising=False)
     assert cli.main(["run", "flatbnn_t5", "--scale", "paper", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err

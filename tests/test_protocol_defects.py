@@ -306,3 +306,18 @@ def test_two_processes_with_the_paper_scales_synced_ascent_keep_m_1(tmp_path):
 def test_asam_paper_cells_update_batchnorm_on_both_passes_as_the_official_code(row, cell):
     c = next(c for c in _paper_cells(row) if c.id == cell)
     assert compose_cell(c.overrides).flatness.bn_stats == "both"
+
+
+def test_methods_with_their_own_ascent_record_the_effective_m_of_their_processes():
+    """bSAM splits each process's batch into m parts and VSAM perturbs per process: on k processes the run's
+    m-sharpness is m * k / k, and results.json says so (issue 32 #8; docs/reproduce.md: one GPU per job)."""
+    from types import SimpleNamespace
+
+    from flatbnn.methods.bsam import BSAM
+    from flatbnn.methods.vsam import VariationalSAM as VSAM
+
+    for world, want_bsam, want_vsam in ((1, 8, 1), (2, 16, 2), (4, 32, 4)):
+        b, v = BSAM(m=8), VSAM()
+        assert (b.describe()["effective_m"], v.describe()["effective_m"]) == (8, 1)  # before setup: one process
+        b.ctx = v.ctx = SimpleNamespace(world_size=world)
+        assert (b.describe()["effective_m"], v.describe()["effective_m"]) == (want_bsam, want_vsam), world

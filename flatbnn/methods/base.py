@@ -70,6 +70,11 @@ class Method:
         """
         return module
 
+    @property
+    def world_size(self) -> int:
+        """Processes of the run (1 before setup): a method whose ascent runs per process multiplies its m by it."""
+        return self.ctx.world_size if self.ctx is not None else 1
+
     def setup(self, ctx: RunContext) -> None:
         self.ctx = ctx
         self.model = ctx.model

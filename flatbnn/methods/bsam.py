@@ -148,4 +148,6 @@ class BSAM(DiagonalGaussianMethod):
     def describe(self) -> dict:
         return {**super().describe(), "lr": self.lr_init, "beta1": self.betas[0], "beta2": self.betas[1],
                 "rho": self.rho, "m": self.m, "prior_precision": self.prior_precision,
-                "damping": self.damping, "s_init": self.s_init, "bn_stats": self.bn_stats, "noise": self.noise}
+                "damping": self.damping, "s_init": self.s_init, "bn_stats": self.bn_stats, "noise": self.noise,
+                # each process splits its own batch: k processes make the split m * k (issue 32 #8)
+                "effective_m": self.m * self.world_size}

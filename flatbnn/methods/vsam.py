@@ -185,7 +185,9 @@ class VariationalSAM(Method):
     def describe(self) -> dict:
         d = {"name": self.name, "num_samples": self.num_samples, "rho": self.rho, "init_radius": self.init_radius,
              "init_count": self.init_count, "m_lr": self.m_lr, "m_weight_decay": self.m_weight_decay,
-             "prior_std": self.prior_std, "sigma": "M^-2", "bn_stats": self.bn_stats}
+             "prior_std": self.prior_std, "sigma": "M^-2", "bn_stats": self.bn_stats,
+             # the ascent runs per process (no_sync): k processes make it m-sharpness with m = k (issue 32 #8)
+             "effective_m": self.world_size}
         if self.M:
             with torch.no_grad():
                 s = torch.cat([(1.0 / m).flatten() for m in self.M])

@@ -462,3 +462,13 @@ def test_a_stop_signal_during_wandb_start_up_is_not_taken_for_a_failed_start(tmp
     monkeypatch.setitem(sys.modules, "wandb", fake)
     with pytest.raises(Preempted):  # not "logging offline" and training on
         WandbLogger(tmp_path, {})
+
+
+def test_the_board_says_which_committed_comparisons_have_no_run_records_to_rebuild_them():
+    """Issue 36 #6: flatbnn_t2's committed cpu comparison (30 runs) has no committed run records, so a fresh clone
+    cannot rebuild it; the status board says so for that row and not for a row whose records are committed."""
+    from flatbnn.reproduce import status
+
+    lines = {ln.split("|")[1].strip(" `"): ln for ln in status.render().splitlines() if ln.startswith("| `")}
+    assert "no run records committed" in lines["flatbnn_t2"]
+    assert "no run records committed" not in lines["bsam_t1"]

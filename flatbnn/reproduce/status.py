@@ -67,7 +67,16 @@ def _scale_state(row, scale: str) -> str:
         extra = f"; {_paper_progress(c)}"
     if scale == "cpu":
         extra += _cpu_hours(c)
-    return f"{link}: {', '.join(parts)}{extra} @ {commits}"
+    return f"{link}: {', '.join(parts)}{extra} @ {commits}{_unrecorded(row, scale)}"
+
+
+def _unrecorded(row, scale: str) -> str:
+    """A comparison whose runs have no committed record cannot be rebuilt in a fresh clone (issue 36 #6): say so,
+    rather than let a later, smaller render look like the whole table."""
+    runs = RESULTS_ROOT / row.row / scale / "runs"
+    if runs.is_dir() and any(runs.rglob("record.json")):
+        return ""
+    return " (**no run records committed**: this comparison can only be rebuilt where its run dirs are)"
 
 
 def _cpu_hours(c: dict) -> str:

@@ -6,6 +6,7 @@ flatbnn."""
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 LOG_NAME = "train.log"
@@ -27,13 +28,23 @@ class RunReport:
         self.enabled = enabled
 
     def __enter__(self) -> "RunReport":
+        """While active, :func:`warn` and Python's ``warnings`` (torch's, a method's) also go to train.log."""
         global _active
         self._previous, _active = _active, self
+        self._showwarning = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if self.enabled:
+                self._append(warnings.formatwarning(message, category, filename, lineno, line).rstrip())
+            self._showwarning(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
         return self
 
     def __exit__(self, *exc) -> None:
         global _active
         _active = self._previous
+        warnings.showwarning = self._showwarning
 
     def _append(self, text: str) -> None:
         try:
@@ -45,6 +56,12 @@ class RunReport:
     def info(self, line: str) -> None:
         if self.enabled:
             print(line, flush=True)
+            self._append(line)
+
+    def note(self, line: str) -> None:
+        """A line about the run's life (resuming, initialised from): stderr and train.log."""
+        if self.enabled:
+            print(line, file=sys.stderr, flush=True)
             self._append(line)
 
     def warn(self, line: str) -> None:

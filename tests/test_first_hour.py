@@ -111,3 +111,27 @@ def test_cifar10_laptop_recipe_learns(cifar10_archive, tmp_path):
     assert res["meta"]["method"]["name"] == "swag" and res["meta"]["flatness"]["name"] == "sam"
     assert 0.17 <= m["accuracy"] <= 0.32, m
     assert m["nll"] < 2.25, m  # the uniform predictor's NLL is log 10 = 2.303
+
+
+def test_python_warnings_and_the_resume_line_go_to_train_log(tmp_path):
+    """train.log holds what the console said about the run: Python warnings raised while it trains or evaluates
+    (torch's, a method's) and the line that says where it resumed (issue 37: train.log was always 0 bytes)."""
+    import warnings
+
+    from helpers import train_cli
+
+    from flatbnn.runlog import RunReport
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        with RunReport(tmp_path):
+            warnings.warn("an example warning", UserWarning)
+    assert "UserWarning: an example warning" in (tmp_path / "train.log").read_text()
+
+    run = tmp_path / "run"
+    args = ["dataset=digits", "model=mlp", "trainer.eval_every=0", "trainer.reliability_diagram=false",
+            "trainer.progress=false"]
+    train_cli([*args, "trainer.epochs=1"], run)
+    train_cli([*args, "trainer.epochs=2", "trainer.resume_overrides=[trainer.epochs]"], run)
+    resumed = [ln for ln in (run / "train.log").read_text().splitlines() if ln.startswith("resuming from")]
+    assert len(resumed) == 1 and "last.pt" in resumed[0] and "trainer.epochs=2 applied (was 1)" in resumed[0], resumed

@@ -675,12 +675,12 @@ def _train_and_evaluate(b: Built, claim: "Claim", t_start: float, git_start: dic
         if info.is_main:  # the numbering of the stop line: epoch (1-based) in progress, steps done in it
             where = (f"after its {trainer.epoch} epochs (the final evaluation)" if trainer.epoch >= b.total_epochs
                      else f"at epoch {trainer.epoch + 1}, step {trainer.step_in_epoch} of {b.steps_per_epoch}")
-            print(f"resuming from {ckpt} {where}"
-                  + (f", with {', '.join(f'{k}={v[1]}' for k, v in claim.changes.items())} applied (was "
-                     f"{', '.join(str(v[0]) for v in claim.changes.values())})" if claim.changes else ""),
-                  file=sys.stderr)
+            RunReport(run_dir).note(
+                f"resuming from {ckpt} {where}"
+                + (f", with {', '.join(f'{k}={v[1]}' for k, v in claim.changes.items())} applied (was "
+                   f"{', '.join(str(v[0]) for v in claim.changes.values())})" if claim.changes else ""))
     elif b.init_from is not None and info.is_main:
-        print(f"initialised the model from {b.init_from['path']}", file=sys.stderr)
+        RunReport(run_dir).note(f"initialised the model from {b.init_from['path']}")
     if info.is_main:  # the checkpoint restored (or none): from here on this run writes its outputs
         move_aside_earlier_outputs(run_dir, resuming=ckpt is not None and _same_path(
             ckpt, run_dir / "checkpoints" / "last.pt"))
@@ -706,15 +706,17 @@ def _train_and_evaluate(b: Built, claim: "Claim", t_start: float, git_start: dic
                         "changes": {k: list(v) for k, v in claim.changes.items()}})
     git_segments = list((claim.state or {}).get("git_segments") or [])  # earlier processes of this run
     git_segments.append({"global_step": trainer.global_step, **(git_start or git_commit())})
-    trainer.fit(method, b.flatness, b.backprop, b.train_loader, b.sampler, b.bundle.train,
-                evaluate_epoch=evaluate_epoch if tc.eval_every else None, generator=b.generator,
-                checkpoint_extra={"config": claim.config, "resume_changes": history, "git_segments": git_segments})
+    with report:  # training's warnings (flatbnn's and Python's) go to train.log too
+        trainer.fit(method, b.flatness, b.backprop, b.train_loader, b.sampler, b.bundle.train,
+                    evaluate_epoch=evaluate_epoch if tc.eval_every else None, generator=b.generator,
+                    checkpoint_extra={"config": claim.config, "resume_changes": history,
+                                      "git_segments": git_segments})
 
     if tc.compile and info.is_main:
         save_compile_cache(b.device, tc.get("compile_cache"))
 
     # ---------------------------------------------------------------- final evaluation
-    with report:  # the final evaluation's warnings go to train.log too
+    with report:  # the final evaluation's warnings too
         metrics, predictive = final_evaluate(b)
     results = None
     if info.is_main:

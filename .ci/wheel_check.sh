@@ -42,7 +42,8 @@ echo "$deps" > "$("$V" -c 'import sysconfig; print(sysconfig.get_paths()["pureli
 mkdir "$WORK/elsewhere"
 cd "$WORK/elsewhere"
 export PATH="$WORK/venv/bin:$PATH" WANDB_MODE=disabled MPLBACKEND=Agg
-unset PYTHONPATH FLATBNN_COMMIT
+# a user's shell, not CI's: the smoke sweep dir .ci/run exports would send the row's dry run there
+unset PYTHONPATH FLATBNN_COMMIT FLATBNN_REPRODUCE_DIR
 fail() { echo "wheel_check: $*" >&2; exit 1; }
 
 where="$("$V" -c 'import flatbnn, flatbnn.resources as r; print(flatbnn.__file__, r.CONFIGS_DIR, r.CHECKOUT)')"

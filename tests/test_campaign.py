@@ -172,7 +172,8 @@ def test_a_paper_cell_gets_its_verdict_when_all_its_seeds_are_in_and_the_board_c
     text = status.render()
     assert "**Paper scale: 2 of " in text and "in 1 rows; 1 within the paper's spread, 1 outside**" in text
     line = next(x for x in text.splitlines() if x.startswith("| `flatbnn_t2`"))
-    assert line.rstrip(" |").endswith("2/20 cells done: 1 within the paper's spread, 1 outside @ abcdef12")
+    # (this synthetic comparison has no committed run records: the board adds that it cannot be rebuilt)
+    assert "2/20 cells done: 1 within the paper's spread, 1 outside @ abcdef12 (**no run records" in line
     t6 = next(x for x in text.splitlines() if x.startswith("| `bsam_t6`"))
     assert "1.08 CPU-h of training" in t6 and t6.endswith("| not run (0/14 cells) |")  # its numbers are lost: ours
 

@@ -472,3 +472,17 @@ def test_the_board_says_which_committed_comparisons_have_no_run_records_to_rebui
     lines = {ln.split("|")[1].strip(" `"): ln for ln in status.render().splitlines() if ln.startswith("| `")}
     assert "no run records committed" in lines["flatbnn_t2"]
     assert "no run records committed" not in lines["bsam_t1"]
+
+
+def test_a_stop_signal_between_a_workers_fork_and_its_init_does_not_kill_it():
+    """The race behind a flaky CI hang: the group's SIGTERM landing in a freshly forked DataLoader worker before its
+    worker_init_fn ignores it killed the worker (RuntimeError in the main process instead of a checkpoint)."""
+    from flatbnn.engine.trainer import ignore_stop_signals, workers_forked_deaf
+
+    def init(worker_id):
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives in the window between fork and the init function
+        ignore_stop_signals(worker_id)
+
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(8.0)), batch_size=4,
+                                         num_workers=1, worker_init_fn=init)
+    assert [b[0].tolist() for b in workers_forked_deaf(loader)] == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]

@@ -52,6 +52,21 @@ def ignore_stop_signals(worker_id: int | None = None) -> None:
     checkpoint. Workers ignore it; the main process stops them when it leaves the loop."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # forked with them blocked (workers_forked_deaf): ignored from here on
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def workers_forked_deaf(loader):
+    """``iter(loader)`` with the stop signals blocked while it forks its workers: a signal to the process group
+    that arrives between a worker's fork and its ``worker_init_fn`` would otherwise kill that worker (and fail
+    the main process's next batch before it checkpoints). Pending signals reach the main process right after."""
+    if not getattr(loader, "num_workers", 0) or not hasattr(signal, "pthread_sigmask"):
+        return iter(loader)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return iter(loader)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class _StopFlag:
@@ -251,7 +266,7 @@ class Trainer:
                 pending = []  # (loss, lr) of steps not read yet (the loss a device tensor)
                 bar = tqdm(total=steps_per_epoch, initial=self.step_in_epoch, disable=not self.progress,
                            desc=f"epoch {epoch + 1}/{self.epochs}", leave=False, dynamic_ncols=True)
-                for batch in loader:
+                for batch in workers_forked_deaf(loader):
                     if self.step_in_epoch >= steps_per_epoch:
                         break
                     batch = self.to_device(batch)

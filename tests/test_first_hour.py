@@ -125,7 +125,7 @@ def test_python_warnings_and_the_resume_line_go_to_train_log(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         with RunReport(tmp_path):
-            warnings.warn("an example warning", UserWarning)
+            warnings.warn("an example warning", UserWarning, stacklevel=1)
     assert "UserWarning: an example warning" in (tmp_path / "train.log").read_text()
 
     run = tmp_path / "run"

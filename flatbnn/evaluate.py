@@ -6,20 +6,20 @@
     python evaluate.py run=RUN dataset.shift_root=/data/CIFAR-10-C trainer.device=cpu
 
 Loads the run's resolved config (``RUN/.hydra/config.yaml``), applies the overrides -- evaluation-side
-keys only (``EVAL_KEYS`` below: predictive-only method keys such as ``method.num_samples`` /
-``method.scale``, ``metrics.*``, the test / OOD / shifted test sets, eval batch size, device); a key
-that shapes the trained weights (``optimizer.lr``, ``model.*``, ``seed``, ``trainer.epochs``, ...) is
-refused -- rebuilds data, model and method with train.py's builder (``flatbnn.engine.run.build``),
-restores the method from ``RUN/checkpoints/last.pt`` (which must be the final one) and writes
-``RUN/eval/<name>/results.json``: train.py's structure plus ``meta.evaluated_from`` (run, checkpoint,
-overrides). ``<name>`` is ``eval.name=...``, else a short hash of the overrides (``default`` without
-any). The run's own results.json is never touched. With no overrides the metrics equal the run's.
+keys only (the predict and runtime roles declared in ``flatbnn/keyroles.py``: predictive-only method keys
+such as ``method.num_samples`` / ``method.scale``, ``metrics.*``, the test / OOD / shifted test sets, data
+paths, eval batch size, device); a key that shapes the trained weights (``optimizer.lr``, ``model.*``,
+``seed``, ``trainer.epochs``, ...) is refused -- rebuilds data, model and method with train.py's builder
+(``flatbnn.engine.run.build``), restores the method from ``RUN/checkpoints/last.pt`` (which must be the
+final one) and writes ``RUN/eval/<name>/results.json``: train.py's structure plus ``meta.evaluated_from``
+(run, checkpoint, overrides). ``<name>`` is ``eval.name=...``, else a short hash of the overrides
+(``default`` without any). The run's own results.json is never touched. With no overrides the metrics
+equal the run's.
 Errors are one line, exit status 2.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import re
@@ -27,21 +27,12 @@ import sys
 import time
 from pathlib import Path
 
+from flatbnn import keyroles
 from flatbnn.cli import EXIT_CONFIG, one_line_error
 
-#: keys that change only how the trained weights are evaluated (fnmatch patterns on the dotted key)
-EVAL_KEYS = (
-    # predictive-only method keys: how many / how wide posterior samples, their seed, BN refresh
-    "method.num_samples", "method.scale", "method.eval_seed", "method.bn_refresh", "method.bn_refresh_fraction",
-    "metrics", "metrics.*",
-    # which test sets (and where the data live)
-    "dataset.test_subset", "dataset.shift_*", "dataset.ood", "dataset.ood_*", "dataset.ood_roots.*",
-    "dataset.corruptions", "dataset.severities",  # dataset=cifar10_c: its test sets
-    "dataset.root", "dataset.clean_root", "dataset.cache_dir",
-    "trainer.eval_batch_size", "trainer.eval_sample_chunk", "trainer.device", "trainer.num_workers",
-    "trainer.reliability_diagram",
-    "trainer.progress",
-)
+#: keys that change only how the trained weights are evaluated: the predict and runtime roles of flatbnn/keyroles.py
+#: (a key below one of these counts too, e.g. ``metrics.ece_bins``, ``dataset.ood_roots.svhn``)
+EVAL_KEYS = keyroles.declared("evaluable")
 
 
 class EvalError(ValueError):
@@ -49,7 +40,7 @@ class EvalError(ValueError):
 
 
 def is_eval_key(key: str) -> bool:
-    return any(fnmatch.fnmatchcase(key, pattern) for pattern in EVAL_KEYS)
+    return keyroles.evaluable(key)
 
 
 def split_args(argv: list[str]) -> tuple[Path, str | None, list[str]]:
@@ -111,8 +102,10 @@ def apply_overrides(cfg, args: list[str]) -> list[str]:
             if current == value:
                 continue  # no change: accepted for any key (e.g. a full command line pasted back)
         if not is_eval_key(key):
-            raise EvalError(f"{key}: refusing a change that would alter the trained weights (evaluate.py re-evaluates "
-                            f"them; train a new run for {o.input_line}); evaluation-side keys: {', '.join(EVAL_KEYS)}")
+            role = keyroles.role_of(key)
+            raise EvalError(f"{key}: refusing a change ({role.name} key: {role.meaning}); evaluate.py re-evaluates a "
+                            f"run's trained weights -- train a new run for {o.input_line}; evaluation-side keys "
+                            f"(flatbnn/keyroles.py): {', '.join(keyroles.declared('evaluable'))}")
         OmegaConf.update(cfg, key, value, merge=True, force_add=o.type != OverrideType.CHANGE)
         applied.append(o.input_line)
     return applied

@@ -32,7 +32,8 @@ END = "<!-- import-graph:end -->"
 # The layers, lowest first: a module may import from its own layer and the layers below it, never from above.
 # One entry per sub-package or root module of flatbnn (a dotted entry places one module on its own); the order is
 # what the code needs, read off its imports:
-#   resources/atomic_io/runlog/utils: leaf helpers (paths, atomic writes, the run log's warn, dict flattening)
+#   resources/atomic_io/runlog/utils: leaf helpers (paths, atomic writes, the run log's warn, dict flattening);
+#   keyroles: what each config key changes (read by the resume check, the aggregation and evaluate.py)
 #   nn: Bayesian layers; models: architectures; data: data sets and loaders (no model, no engine)
 #   metrics: what is measured on predictions; flatness: the perturbation seam (SAM, ...); optim: optimisers and
 #   schedules; methods: the posterior seam, composed from flatness and optim
@@ -43,7 +44,7 @@ END = "<!-- import-graph:end -->"
 #   ``python -m flatbnn.reproduce.eval_job``: it calls evaluate.py's routine; nothing imports it)
 # flatbnn/__init__.py (the lazy top-level namespace) sits above them all.
 LAYERS: list[set[str]] = [
-    {"resources", "atomic_io", "runlog", "utils"},
+    {"resources", "atomic_io", "runlog", "utils", "keyroles"},
     {"nn"},
     {"models"},
     {"data"},

@@ -25,7 +25,7 @@ BASE_CFG = {
     "flatness": {"_target_": "flatbnn.flatness.NoFlatness"},
     "method": {"_target_": "flatbnn.methods.MAP", "num_samples": 1},
     "trainer": {"epochs": 10, "batch_size": 64, "num_workers": 0, "device": "auto", "precision": "fp32",
-                "progress": True, "reliability_diagram": True, "resume": True},
+                "progress": True, "reliability_diagram": True, "resume": True, "eval_batch_size": 500},
     "logger": {},
 }
 BASE_META = {
@@ -142,13 +142,15 @@ def test_a_run_with_config_never_shares_a_row_with_one_without(tmp_path, capsys)
 
 
 def test_seeds_of_one_config_form_one_row_with_sample_std(tmp_path, capsys):
-    # keys that legitimately differ between seeds: seed, dataset.seed (${seed} or its value), paths, progress
+    # keys that legitimately differ between seeds: seed, dataset.seed (${seed} or its value), paths, progress, how
+    # fast it was evaluated (the runtime keys of flatbnn/keyroles.py)
     write_run(tmp_path / "runs" / "s0", 0, metrics={"accuracy": 0.90})
     write_run(tmp_path / "runs" / "s1", 1, metrics={"accuracy": 0.92},
               cfg={"dataset.seed": 1, "dataset.root": "/elsewhere", "trainer.progress": False,
                    "trainer.num_workers": 4, "trainer.device": "cpu", "trainer.resume": False},
               meta={"hardware.cpu_count": 16, "git.dirty": True})
-    write_run(tmp_path / "runs" / "s2", 2, metrics={"accuracy": 0.97}, cfg={"trainer.reliability_diagram": False})
+    write_run(tmp_path / "runs" / "s2", 2, metrics={"accuracy": 0.97},
+              cfg={"trainer.reliability_diagram": False, "trainer.eval_batch_size": 7})
     rows, out = rows_of(tmp_path, capsys)
     assert len(rows) == 1, out
     (row,) = rows

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from flatbnn import keyroles
 from flatbnn.engine import distributed as D
 from flatbnn.engine import graphed
 from flatbnn.engine.backprop import Backprop, seed_everything
@@ -389,15 +390,11 @@ def results_meta(b: Built, *, steps: int, train_seconds: float, wall_seconds: fl
 
 
 # ---------------------------------------------------------------------------------------------- run dir
-# Keys a resume may change without being asked: how a run is watched, where its data are read from, how
-# fast it goes -- not what it computes. Any other difference between the config a run dir was started with
-# and the rerun's is refused (the rerun would continue the old run under the new label); listing the key in
-# trainer.resume_overrides applies the change deliberately instead.
-RESUME_EXEMPT = ("trainer.resume", "trainer.resume_overrides", "trainer.init_from", "trainer.init_key",
-                 "trainer.progress", "trainer.num_workers", "trainer.eval_batch_size", "trainer.eval_sample_chunk",
-                 "trainer.eval_every", "trainer.checkpoint_every", "trainer.reliability_diagram", "logger",
-                 "dataset.root", "dataset.clean_root", "dataset.download", "dataset.ood_roots",
-                 "dataset.shift_root", "print_config")
+# Keys a resume may change without being asked (how a run is watched, where its data are read from, how fast it
+# goes -- not what it computes): their roles are declared in flatbnn/keyroles.py. Any other difference between the
+# config a run dir was started with and the rerun's is refused (the rerun would continue the old run under the new
+# label); listing the key in trainer.resume_overrides applies the change deliberately instead.
+RESUME_EXEMPT = keyroles.declared("resume_may_change")
 # Keys whose change alters the lr schedule's shape: a resume applying one rebuilds the schedule (at the
 # current step) instead of restoring the old one's parameters
 _SCHEDULE_KEYS = ("trainer.epochs", "trainer.limit_train_batches", "scheduler")
@@ -435,7 +432,7 @@ def config_changes(reference: dict, current: dict) -> dict:
     a change: group switches also change ``_target_`` / ``name``, which both sides have."""
     ref, cur = flatten(reference or {}), flatten(current or {})
     return {k: (ref[k], cur[k]) for k in cur if k in ref and not _same(ref[k], cur[k])
-            and not _covered(k, RESUME_EXEMPT)}
+            and not keyroles.resume_may_change(k)}
 
 
 def claim_run_dir(b: Built) -> Claim:

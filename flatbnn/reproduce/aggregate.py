@@ -5,9 +5,9 @@ made it, ``.hydra/config.yaml`` beside it. Runs are grouped by their **whole con
 
 * the config as Hydra saved it (``.hydra/config.yaml``; interpolations such as ``${dataset.num_classes}`` are
   compared as written: they are functions of keys that are compared too), without the keys that legitimately vary
-  between the seeds of one experiment or only say where / how visibly a run ran (:data:`IGNORED_KEYS`: the seed and
-  everything derived from it, ``hydra.*``, progress bars, resume, workers, device choice, data paths, loggers,
-  the reproduction runner's row / cell labels);
+  between the seeds of one experiment or only say where / how visibly / how fast a run ran (:data:`IGNORED_KEYS`,
+  the roles declared in flatbnn/keyroles.py: the seed and everything derived from it, ``hydra.*``, progress bars,
+  resume, workers, device choice, eval batch size, data paths, loggers, the reproduction runner's row / cell labels);
 * plus from ``meta``: the budget (epochs, steps, train / test size, global batch, world size, precision), the
   metric conventions, the hardware kind (cpu / which GPU), the dataset / model / method / flatness descriptions.
   A run without ``.hydra/config.yaml`` (e.g. ``run(cfg, run_dir)`` called directly) is keyed by ``meta`` and its
@@ -41,6 +41,7 @@ from typing import Any, Iterable
 
 import yaml
 
+from flatbnn import keyroles
 from flatbnn.utils import flatten  # noqa: F401 (also aggregate.flatten for its callers)
 
 METRICS = ["accuracy", "nll", "ece", "brier", "auroc_misclassification", "auroc_ood"]
@@ -48,20 +49,9 @@ METRICS = ["accuracy", "nll", "ece", "brier", "auroc_misclassification", "auroc_
 STATS_NOTE = ("mean ± std over seeds (std: sample standard deviation, ddof = 1); n = number of seeds; "
               "a row with n=1 shows its single value without ±")
 
-# config keys (dotted; a key also removes everything below it) that never split a group
-IGNORED_KEYS = (
-    "seed",                                   # the replicate index itself (derived keys: see _ignored)
-    "hydra",                                  # run location, job names, sweep bookkeeping
-    "trainer.progress", "trainer.reliability_diagram", "trainer.resume", "trainer.num_workers",
-    "trainer.device",                         # "auto"/"cuda"/"cpu": the hardware actually used is in meta
-    "trainer.checkpoint_every",               # I/O only
-    "dataset.root", "dataset.clean_root", "dataset.ood_roots", "dataset.shift_root", "dataset.cache_dir",
-    "dataset.download",
-    "logger",                                 # console / wandb: where numbers are shown, not what they are
-    "reproduce",                              # the reproduction runner's row / cell / scale labels
-    "print_config",                           # display only
-    "model.min_input_size",                   # a check of the data a network is meant for, not what it computes
-)
+# config keys (dotted; a key also removes everything below it) that never split a group: the seed, paths, display,
+# bookkeeping, labels -- the roles that do not split rows, declared in flatbnn/keyroles.py
+IGNORED_KEYS = keyroles.declared("splits_rows", False)
 # meta keys in the group key (besides the config): what was actually run and how it was measured
 META_KEYS = ("dataset", "model", "method", "flatness", "epochs", "budget", "metric_conventions")
 HARDWARE_KEYS = ("device", "gpu", "world_size")  # cpu model, core count, torch version do not split a group
@@ -319,7 +309,7 @@ def _canon(v: Any) -> str:
 
 
 def _ignored(key: str, value: Any, seed: Any) -> bool:
-    if any(key == k or key.startswith(k + ".") for k in IGNORED_KEYS):
+    if not keyroles.splits_rows(key):
         return True
     if isinstance(value, str) and "${seed}" in value.replace(" ", ""):
         return True  # derived from the seed (dataset.seed: ${seed})

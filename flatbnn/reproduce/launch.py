@@ -342,8 +342,8 @@ def stale_run(cell: Cell, seed: int, run: Path, scale: str | None = None) -> str
     """How a finished run's training config differs from the one the spec composes NOW for (cell, seed) plus the
     run's own command-line extras (data paths, device, ...), e.g. ``model.depth: 32 -> 20`` after a spec changed
     the cell's network; None when they agree or the run saved no config. A key only one side has (a config
-    default added or dropped since) does not count; keys that never change a run (aggregate.IGNORED_KEYS: paths,
-    progress bars, device, labels) neither. Such a run -- or its committed record -- must not stand in for the
+    default added or dropped since) does not count; keys that never change a run (their roles in flatbnn/keyroles.py:
+    paths, progress bars, device, labels) neither. Such a run -- or its committed record -- must not stand in for the
     cell: the comparison lists it as stale and the launcher says how to rerun it."""
     from flatbnn.reproduce.aggregate import config_key
 

@@ -1,0 +1,166 @@
+"""What each config key changes, declared once: the resume check, the aggregation and evaluate.py all read it here.
+
+Three tools ask the same question of a dotted config key (``trainer.eval_batch_size``):
+
+* a resume (``flatbnn.engine.run.config_changes``): may the rerun change it without ``trainer.resume_overrides``?
+* the aggregation (``flatbnn.reproduce.aggregate``, also the reproduction runner's stale and reused runs): do two
+  runs that differ in it belong to different rows, or are they seeds of one experiment?
+* ``evaluate.py``: may a re-evaluation of a finished run override it?
+
+The answers follow from the key's :class:`Role` in :data:`KEY_ROLES`. A key takes the role of its longest declared
+prefix (``method.num_samples`` before ``method``); a key under no declaration -- one a user adds with ``+key=...``
+-- is a :data:`TRAIN` key, the safe default (refused on resume, its own row, not evaluable). Config groups whose
+keys all shape the weights (``model``, ``optimizer``, ...) are declared once as a group; ``trainer`` and
+``dataset`` mix roles, so each of their keys is declared (tests/test_keyroles.py checks that every key of the
+configs is). A new predictive method key is evaluable once it is declared here as :data:`PREDICT`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Role:
+    """What changing a key changes, as the three tools need it."""
+
+    name: str
+    resume_may_change: bool  # a resume may change it unasked (it changes nothing the checkpoint holds)
+    splits_rows: bool        # runs that differ in it are different experiments (never averaged together)
+    evaluable: bool          # evaluate.py may change it when it re-evaluates a finished run
+    meaning: str             # one line, also in evaluate.py's refusal
+
+
+TRAIN = Role("train", resume_may_change=False, splits_rows=True, evaluable=False,
+             meaning="a change would alter the trained weights")
+PREDICT = Role("predict", resume_may_change=False, splits_rows=True, evaluable=True,
+               meaning="a change alters the evaluated numbers, not the trained weights")
+RUNTIME = Role("runtime", resume_may_change=True, splits_rows=False, evaluable=True,
+               meaning="a change alters neither the weights nor the numbers (up to float rounding): speed, "
+                       "memory, where data are read, what is written or shown")
+BOOKKEEPING = Role("bookkeeping", resume_may_change=True, splits_rows=False, evaluable=False,
+                   meaning="how a run is resumed, logged and displayed; evaluate.py reads none of it")
+ORIGIN = Role("origin", resume_may_change=True, splits_rows=True, evaluable=False,
+              meaning="where the trained weights started (a warm start) or what a resume changed in them: a "
+                      "resume keeps its checkpoint's, but runs differing in it are different experiments")
+IDENTITY = Role("identity", resume_may_change=False, splits_rows=False, evaluable=False,
+                meaning="which replicate (seed) or reproduction cell a run is: a change would alter the trained "
+                        "weights or refile the run, yet runs differing only in it are the seeds of one row")
+
+DEFAULT_ROLE = TRAIN
+
+KEY_ROLES: dict[str, Role] = {
+    # ---- top level
+    "seed": IDENTITY,                        # the replicate index (aggregate also drops the keys copied from it)
+    "reproduce": IDENTITY,                   # the reproduction runner's row / cell / scale labels
+    "print_config": BOOKKEEPING,             # display only
+    "logger": BOOKKEEPING,                   # console / wandb: where numbers are shown, not what they are
+    "hydra": BOOKKEEPING,                    # run location, job names, sweep bookkeeping
+    "metrics": PREDICT,                      # conventions of the one evaluation routine (ECE bins, AUROC, ...)
+    "paper": TRAIN,                          # whose protocol: a protocol run is an experiment of its own
+    # ---- groups whose keys shape the weights; the exceptions below them
+    "model": TRAIN,
+    "model.min_input_size": RUNTIME,         # a check of the data a network is meant for, not what it computes
+    "optimizer": TRAIN,
+    "scheduler": TRAIN,
+    "flatness": TRAIN,
+    "method": TRAIN,
+    # predictive-only method keys: how many / how wide posterior samples, their seed, the BN refresh per sample
+    "method.num_samples": PREDICT,
+    "method.scale": PREDICT,
+    "method.eval_seed": PREDICT,
+    "method.bn_refresh": PREDICT,
+    "method.bn_refresh_fraction": PREDICT,
+    # ---- trainer: every key
+    "trainer.epochs": TRAIN,
+    "trainer.batch_size": TRAIN,
+    "trainer.precision": TRAIN,
+    "trainer.channels_last": TRAIN,          # another memory format, other kernels
+    "trainer.compile": TRAIN,                # compiled kernels round differently
+    "trainer.cuda_graph": TRAIN,
+    "trainer.sync_bn": TRAIN,
+    "trainer.deterministic": TRAIN,
+    "trainer.grad_clip": TRAIN,
+    "trainer.label_smoothing": TRAIN,
+    "trainer.limit_train_batches": TRAIN,
+    "trainer.eval_batch_size": RUNTIME,      # batching of evaluation (BN refresh reads the train loader)
+    "trainer.eval_sample_chunk": RUNTIME,    # the same weight samples, evaluated several at a time
+    "trainer.num_workers": RUNTIME,
+    "trainer.device": RUNTIME,               # "auto" / "cuda" / "cpu": the hardware used is in results.json meta
+    "trainer.progress": RUNTIME,
+    "trainer.reliability_diagram": RUNTIME,  # a PNG beside results.json
+    "trainer.eval_every": RUNTIME,           # how often metrics.jsonl gets a val line; results.json is the same
+    "trainer.checkpoint_every": RUNTIME,
+    "trainer.compile_cache": RUNTIME,        # where compiled kernels are kept between runs
+    "trainer.dist_timeout_s": RUNTIME,       # how long a collective may stall before the run stops
+    "trainer.resume": BOOKKEEPING,
+    "trainer.resume_overrides": ORIGIN,      # a resumed run whose values changed is not a fresh run's seed
+    "trainer.init_from": ORIGIN,             # weights to start from (a resumed run ignores it)
+    "trainer.init_key": ORIGIN,
+    # ---- dataset: every key
+    "dataset._target_": TRAIN,
+    "dataset.name": TRAIN,
+    "dataset.train_subset": TRAIN,
+    "dataset.train_split": TRAIN,
+    "dataset.val_split": TRAIN,
+    "dataset.augment": TRAIN,
+    "dataset.seed": TRAIN,                   # augmentation stream; ${seed} by default (then aggregate drops it)
+    "dataset.label_noise": TRAIN,
+    "dataset.loader": TRAIN,                 # GPU augmentation: equal in distribution, not in values
+    "dataset.image_size": TRAIN,
+    "dataset.num_classes": TRAIN,
+    "dataset.input_shape": TRAIN,
+    # which test sets are evaluated: a run's numbers, not its weights
+    "dataset.test_subset": PREDICT,
+    "dataset.ood": PREDICT,
+    "dataset.ood_subset": PREDICT,
+    "dataset.corruptions": PREDICT,          # dataset=cifar10_c: its test sets (train is clean CIFAR-10)
+    "dataset.severities": PREDICT,
+    "dataset.shift_corruptions": PREDICT,
+    "dataset.shift_severities": PREDICT,
+    # where the data are read (the same files found elsewhere)
+    "dataset.root": RUNTIME,
+    "dataset.clean_root": RUNTIME,
+    "dataset.ood_roots": RUNTIME,
+    "dataset.shift_root": RUNTIME,
+    "dataset.cache_dir": RUNTIME,
+    "dataset.download": RUNTIME,
+}
+
+
+def declaration(key: str) -> str | None:
+    """The entry of :data:`KEY_ROLES` that decides ``key``: its longest declared prefix (None: the default)."""
+    parts = key.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in KEY_ROLES:
+            return prefix
+    return None
+
+
+def role_of(key: str) -> Role:
+    """The role of a dotted config key (``trainer.eval_batch_size`` -> :data:`RUNTIME`)."""
+    entry = declaration(key)
+    return KEY_ROLES[entry] if entry is not None else DEFAULT_ROLE
+
+
+def resume_may_change(key: str) -> bool:
+    return role_of(key).resume_may_change
+
+
+def splits_rows(key: str) -> bool:
+    return role_of(key).splits_rows
+
+
+def evaluable(key: str) -> bool:
+    return role_of(key).evaluable
+
+
+def declared(attribute: str, value: bool = True) -> tuple[str, ...]:
+    """The declared keys whose role has ``attribute == value`` (for messages and docs; ask the functions above
+    for one key: a declared key below one of these may have another role)."""
+    return tuple(k for k, role in KEY_ROLES.items() if getattr(role, attribute) == value)
+
+
+__all__ = ["BOOKKEEPING", "DEFAULT_ROLE", "IDENTITY", "KEY_ROLES", "ORIGIN", "PREDICT", "RUNTIME", "Role", "TRAIN",
+           "declaration", "declared", "evaluable", "resume_may_change", "role_of", "splits_rows"]

@@ -1,0 +1,157 @@
+"""flatbnn/keyroles.py: one declaration of what each config key changes drives the resume check, the aggregation's
+rows and evaluate.py's overrides. No training: the three are asked directly, with small configs."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from flatbnn import evaluate, keyroles
+from flatbnn.engine.run import RESUME_EXEMPT, config_changes
+from flatbnn.reproduce.aggregate import IGNORED_KEYS, Run, config_key, group_runs
+from flatbnn.utils import flatten
+from helpers import CONFIGS, compose_cfg
+
+CFG = {
+    "seed": 0,
+    "metrics": {"ece_bins": 15},
+    "model": {"name": "mlp", "hidden": [32]},
+    "optimizer": {"lr": 0.1},
+    "method": {"_target_": "flatbnn.methods.SWAG", "num_samples": 4, "swa_start": 0.5, "new_samples": 1},
+    "trainer": {"epochs": 4, "eval_batch_size": 500, "num_workers": 0},
+    "dataset": {"name": "digits", "root": "data"},
+}
+
+
+def _with(key: str, value) -> dict:
+    cfg = copy.deepcopy(CFG)
+    *parents, last = key.split(".")
+    node = cfg
+    for p in parents:
+        node = node[p]
+    node[last] = value
+    return cfg
+
+
+def resume_refuses(key: str, value) -> bool:
+    """A rerun of a run dir started with CFG, with ``key`` changed: does the resume check report it?"""
+    return key in config_changes(CFG, _with(key, value))
+
+
+def splits_rows(key: str, value) -> bool:
+    """Two seeds, one with ``key`` changed: two rows?"""
+    runs = [Run(path=f"/runs/{s}", results={"metrics": {"accuracy": 0.9}, "meta": {"seed": s}}, config=cfg)
+            for s, cfg in ((0, _with("seed", 0)), (1, {**_with(key, value), "seed": 1}))]
+    return len(group_runs(runs)) == 2
+
+
+def evaluate_accepts(key: str, value) -> bool:
+    cfg = OmegaConf.create(CFG)
+    try:
+        applied = evaluate.apply_overrides(cfg, [f"{key}={value}"])
+    except evaluate.EvalError as e:
+        assert "refusing a change" in str(e) and f"({keyroles.role_of(key).name} key" in str(e), e
+        return False
+    assert applied == [f"{key}={value}"] and OmegaConf.select(cfg, key) == value
+    return True
+
+
+def three(key: str, value) -> tuple[bool, bool, bool]:
+    """(resume refuses it, it splits rows, evaluate.py accepts it)"""
+    return resume_refuses(key, value), splits_rows(key, value), evaluate_accepts(key, value)
+
+
+def test_a_runtime_key_is_free_on_resume_never_splits_rows_and_is_evaluable():
+    """trainer.eval_batch_size was free on resume but split aggregate rows (issue #35)."""
+    assert keyroles.role_of("trainer.eval_batch_size") is keyroles.RUNTIME
+    assert three("trainer.eval_batch_size", 7) == (False, False, True)
+
+
+def test_a_train_key_is_refused_on_resume_splits_rows_and_is_not_evaluable():
+    assert three("optimizer.lr", 0.3) == (True, True, False)
+    assert three("method.swa_start", 0.25) == (True, True, False)   # a method key not declared: the group's role
+
+
+def test_one_declaration_drives_all_three(monkeypatch):
+    """Changing the one entry changes the resume check, the rows and evaluate.py together."""
+    monkeypatch.setitem(keyroles.KEY_ROLES, "trainer.eval_batch_size", keyroles.TRAIN)
+    assert three("trainer.eval_batch_size", 7) == (True, True, False)
+    monkeypatch.setitem(keyroles.KEY_ROLES, "optimizer.lr", keyroles.RUNTIME)
+    assert three("optimizer.lr", 0.3) == (False, False, True)
+
+
+def test_a_new_method_prediction_key_declared_once_becomes_evaluable(monkeypatch):
+    assert three("method.new_samples", 8) == (True, True, False)    # undeclared: a method key shapes the weights
+    monkeypatch.setitem(keyroles.KEY_ROLES, "method.new_samples", keyroles.PREDICT)
+    # evaluable; still its own experiment, and a resume does not change it unasked
+    assert three("method.new_samples", 8) == (True, True, True)
+
+
+def test_seed_and_labels_keep_a_run_but_never_split_its_row():
+    assert three("seed", 1)[1:] == (False, False)                    # resume: the seed is compared (below)
+    assert config_changes({"seed": 0}, {"seed": 1}) == {"seed": (0, 1)}
+    assert keyroles.role_of("reproduce.cell") is keyroles.IDENTITY
+    assert config_changes({"reproduce": {"cell": "a"}}, {"reproduce": {"cell": "b"}})
+
+
+def test_an_undeclared_key_is_a_training_key():
+    assert keyroles.declaration("user.added") is None and keyroles.role_of("user.added") is keyroles.DEFAULT_ROLE
+    assert keyroles.DEFAULT_ROLE is keyroles.TRAIN
+    assert keyroles.role_of("dataset.ood_roots.svhn") is keyroles.RUNTIME    # the longest declared prefix decides
+    assert keyroles.role_of("method.num_samples") is keyroles.PREDICT and keyroles.role_of("method.lr") is keyroles.TRAIN
+
+
+# ------------------------------------------------------------------------------ every config key is declared
+
+def _option_keys(path) -> set[str]:
+    """The dotted keys one config file sets (read as YAML: composing every option takes seconds; tests/test_configs.py
+    composes them all)."""
+    text = path.read_text()
+    data = {k: v for k, v in (yaml.safe_load(text) or {}).items() if k != "defaults"}
+    package = re.search(r"^# @package (\S+)", text, re.M)   # where Hydra puts its keys (default: its group)
+    package = package.group(1) if package else path.parent.name
+    prefix = "" if package == "_global_" else package + "."
+    return {prefix + k for k in flatten(data)}
+
+
+@pytest.fixture(scope="module")
+def config_keys() -> set[str]:
+    """Every key of the composed default config and of every option of every config group."""
+    keys = set(flatten(OmegaConf.to_container(compose_cfg([]), resolve=False)))
+    for path in CONFIGS.glob("*/*.yaml"):
+        keys |= _option_keys(path)
+    return keys
+
+
+def test_every_config_key_has_a_declared_role(config_keys):
+    """trainer.* and dataset.* mix roles: each of their keys is declared by name; a new one fails here until it is
+    (other groups are declared whole, so their new keys are training keys, the safe default)."""
+    undeclared = sorted(k for k in config_keys if keyroles.declaration(k) is None)
+    assert not undeclared, f"declare their roles in flatbnn/keyroles.py: {undeclared}"
+    assert {"trainer.eval_batch_size", "dataset.shift_root", "metrics.ece_bins", "logger.wandb.project",
+            "method.bn_refresh_fraction", "model.min_input_size"} <= config_keys  # every group was read
+
+
+def test_every_declared_key_exists_in_the_configs(config_keys):
+    """No declaration names a key that no config has (a typo would silently leave the real key a training key)."""
+    known = config_keys | {"hydra"}  # hydra.* is Hydra's own node, outside the composed job config
+    missing = [d for d in keyroles.KEY_ROLES if not any(k == d or k.startswith(d + ".") for k in known)]
+    assert not missing, missing
+
+
+def test_the_derived_key_lists_say_what_the_roles_say(config_keys):
+    """run.RESUME_EXEMPT, aggregate.IGNORED_KEYS and evaluate.EVAL_KEYS (kept for their importers) cover a key
+    exactly when its role says so."""
+    def covered(key, names):
+        return any(key == n or key.startswith(n + ".") for n in names)
+
+    for key in config_keys | set(keyroles.KEY_ROLES):
+        role = keyroles.role_of(key)
+        assert covered(key, RESUME_EXEMPT) == role.resume_may_change, key
+        assert covered(key, IGNORED_KEYS) == (not role.splits_rows), key
+        assert covered(key, evaluate.EVAL_KEYS) == role.evaluable, key
+    assert config_key(_with("trainer.eval_batch_size", 7)) == config_key(CFG)

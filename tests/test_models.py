@@ -178,6 +178,63 @@ def test_cifar_stem_nets_equal_torchvision_with_the_stem_swapped(name, kw, tv_na
     assert meta_count(name, 10, CIFAR, **kw) == tv - imagenet_stem + cifar_stem
 
 
+def test_resnet_seeds_and_computes_as_the_former_hand_written_module():
+    """models/resnet.py became torchvision's ResNet with a CIFAR stem: a seed gives the weights it gave
+    before (values recorded from the former module, seed 0) and they compute the same logits (eval: running
+    BN statistics; train: batch statistics), so committed runs reproduce."""
+    import torchvision
+
+    torch.manual_seed(0)
+    model = create_model("resnet", 10, CIFAR, depth=10)
+    assert isinstance(model, torchvision.models.ResNet) and isinstance(model.maxpool, nn.Identity)
+    sd = model.state_dict()
+    former_init = {  # first two values per tensor, as the former module initialised them
+        "conv1.weight": [0.0633554682135582, 0.03434492275118828],
+        "layer4.0.downsample.0.weight": [-0.08721960335969925, 0.04548611491918564],
+        "layer3.0.conv2.weight": [0.0398733951151371, -0.029175477102398872],
+        "fc.weight": [-0.04079809412360191, 0.02127680368721485],
+        "fc.bias": [0.025396056473255157, 0.006788945756852627],
+    }
+    for key, values in former_init.items():
+        torch.testing.assert_close(sd[key].flatten()[:2], torch.tensor(values), rtol=1e-6, atol=0)
+    torch.manual_seed(1)
+    x = torch.randn(8, *CIFAR)
+    former_logits = {
+        "eval": [0.4775181710720062, -0.016696549952030182, -0.34251904487609863, 0.11284787952899933,
+                 0.16653972864151, 0.2834072411060333, -0.2779567837715149, 0.050079815089702606,
+                 0.06396865844726562, -0.1828490048646927],
+        "train": [0.770399272441864, 0.1419067084789276, -0.550837516784668, 0.39154598116874695,
+                  -0.27100682258605957, 0.7162660360336304, -0.042827308177948, 0.07036560773849487,
+                  0.19644282758235931, 0.17850781977176666],
+    }
+    with torch.no_grad():
+        for mode, logits in former_logits.items():
+            model.train(mode == "train")
+            torch.testing.assert_close(model(x)[0], torch.tensor(logits), rtol=1e-4, atol=1e-5)
+
+
+def _former_key(key: str) -> str:
+    """The former hand-written module's name for a torchvision key (stem / stages / shortcut / head)."""
+    key = re.sub(r"^conv1\.", "stem.0.", re.sub(r"^bn1\.", "stem.1.", key))
+    key = re.sub(r"^layer(\d)\.", lambda m: f"stages.{int(m.group(1)) - 1}.", key)
+    return re.sub(r"^fc\.", "head.", key.replace(".downsample.", ".shortcut."))
+
+
+def test_resnet_loads_checkpoints_of_the_former_module():
+    """Run directories written before the switch resume and evaluate: their keys are renamed on load,
+    also under a prefix (a wrapper module, DDP's 'module.')."""
+    torch.manual_seed(0)
+    source = create_model("resnet", 10, CIFAR, depth=10)
+    source(torch.randn(4, *CIFAR))  # running statistics != their initial values
+    former = {_former_key(k): v for k, v in source.state_dict().items()}
+    assert {"stem.0.weight", "stem.1.running_var", "stages.3.0.shortcut.1.running_mean", "head.bias"} <= set(former)
+    torch.manual_seed(1)
+    target = nn.ModuleDict({"module": create_model("resnet", 10, CIFAR, depth=10)})
+    target.load_state_dict({f"module.{k}": v for k, v in former.items()})  # strict
+    for (k, a), b in zip(source.state_dict().items(), target["module"].state_dict().values()):
+        assert torch.equal(a, b), k
+
+
 @pytest.mark.parametrize(
     "kw,published",
     [

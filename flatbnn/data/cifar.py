@@ -272,126 +272,16 @@ def _load_folder(folder: Path, subsets: dict[str, int | None], cache: Path | Non
 
 # --------------------------------------------------------------------------- (c) archives
 
-class _UseTarfile(Exception):
-    """The fast reader met something it does not handle; start over with :mod:`tarfile`."""
+def _iter_tar(path: Path) -> Iterable[tuple[str, bytes]]:
+    """``(name, data)`` of the regular files of a ``.tar`` / ``.tar.gz``, in one streaming pass.
 
-
-_TAR_REGULAR = (b"0", b"\0", b"7")
-_TAR_SKIPPED = (b"1", b"2", b"3", b"4", b"5", b"6")  # links, devices, directories, fifos
-_TAR_EXTENDED = (b"x", b"L")  # per-member pax header, GNU long name
-_CHUNK = 1 << 20
-
-
-def _parse_pax(data: bytes) -> dict[bytes, bytes]:
-    """Records ``b"<len> <key>=<value>\\n"`` of a pax extended header."""
-    out: dict[bytes, bytes] = {}
-    p = 0
-    try:
-        while p < len(data) and data[p:p + 1] not in (b"\0", b""):
-            sp = data.index(b" ", p)
-            length = int(data[p:sp])
-            key, eq, value = data[sp + 1 : p + length - 1].partition(b"=")
-            if not eq or length <= 0:
-                raise ValueError
-            out[key] = value
-            p += length
-    except ValueError:
-        raise _UseTarfile("bad pax header") from None
-    if b"hdrcharset" in out or any(k.startswith(b"GNU.sparse") for k in out):
-        raise _UseTarfile("pax header the fast reader does not handle")
-    return out
-
-
-def _iter_tar_fast(path: Path) -> Iterable[tuple[str, bytes]]:
-    """``(name, data)`` of the regular files of a plain ustar/GNU ``.tar`` or single-member ``.tar.gz``.
-
-    About 5x faster than :mod:`tarfile` on 60k small members (its per-member Python overhead
-    dominates). Understands pax ``x`` and GNU ``L`` headers (path/size); raises
-    :class:`_UseTarfile` on anything else unusual (global pax headers, sparse files, other
-    compressions, bad checksums) so the caller can start over with :mod:`tarfile`.
+    :mod:`tarfile` rather than a hand-written header parser. Measured back to back on the real 60k-image
+    ``cifar10_jpeg.tar.gz`` (shared 2-core machine, CPU seconds): the first decode of the whole set
+    (scan + JPEG decode + cache write) 7.0-8.3 s with it, 6.6-7.5 s with the former parser; the scan
+    alone 1.9-2.1 s vs 0.5-0.8 s, so a 5k/1k subset's first load 3.0 s vs 1.1-1.4 s. Paid once per
+    archive and subset: the ``.npy`` cache serves every later load. The decoded arrays are
+    byte-identical (tests/test_data.py pins their hash); ``mode="r:*"`` was no faster.
     """
-    with open(path, "rb") as f:
-        magic = f.read(2)
-        f.seek(0)
-        dec = zlib.decompressobj(16 + zlib.MAX_WBITS) if magic == b"\x1f\x8b" else None
-        buf = bytearray()
-        pos = 0
-        eof = False
-        pending: dict[bytes, bytes] = {}
-
-        def fill(need: int) -> None:
-            nonlocal eof
-            while len(buf) - pos < need and not eof:
-                chunk = f.read(_CHUNK)
-                if dec is None:
-                    buf.extend(chunk)
-                    eof = not chunk
-                    continue
-                if chunk:
-                    buf.extend(dec.decompress(chunk))
-                    if dec.unused_data:  # data after the gzip member: concatenated gzip or junk
-                        raise _UseTarfile("multi-member gzip")
-                else:
-                    buf.extend(dec.flush())
-                    eof = True
-                    if not dec.eof:
-                        raise _UseTarfile("truncated gzip stream")
-
-        while True:
-            fill(512)
-            if len(buf) - pos < 512:
-                return
-            h = bytes(buf[pos : pos + 512])
-            if h.count(0) == 512:  # end-of-archive marker
-                return
-            try:
-                chksum = int(h[148:156].replace(b"\0", b" ").strip() or b"0", 8)
-            except ValueError:
-                raise _UseTarfile("bad checksum field") from None
-            if sum(h) - sum(h[148:156]) + 8 * 32 != chksum:
-                raise _UseTarfile("header checksum mismatch")
-            typeflag = h[156:157]
-            if typeflag not in _TAR_REGULAR and typeflag not in _TAR_SKIPPED and typeflag not in _TAR_EXTENDED:
-                raise _UseTarfile(f"tar header type {typeflag!r}")
-            if h[124] & 0x80:
-                raise _UseTarfile("base-256 size")
-            size = int(h[124:136].replace(b"\0", b" ").strip() or b"0", 8)
-            pos += 512
-            if typeflag in _TAR_EXTENDED:  # pax 'x' / GNU 'L': name (and size) of the next member
-                fill((size + 511) // 512 * 512)
-                data = bytes(buf[pos : pos + size])
-                if typeflag == b"L":
-                    pending[b"path"] = data.split(b"\0", 1)[0]
-                else:
-                    pending.update(_parse_pax(data))
-                pos += (size + 511) // 512 * 512
-                continue
-            name = h[:100].split(b"\0", 1)[0]
-            if h[257:263] == b"ustar\0":  # POSIX ustar: name may continue in the prefix field
-                prefix = h[345:500].split(b"\0", 1)[0]
-                if prefix:
-                    name = prefix + b"/" + name
-            if pending:
-                name = pending.get(b"path", name)
-                try:
-                    size = int(pending.get(b"size", size))
-                except ValueError:
-                    raise _UseTarfile("bad pax size") from None
-                pending = {}
-            padded = (size + 511) // 512 * 512
-            if typeflag in _TAR_REGULAR:
-                fill(size)
-                if len(buf) - pos < size:
-                    raise _UseTarfile("truncated member")
-                yield name.decode("utf-8", "surrogateescape"), bytes(buf[pos : pos + size])
-            fill(padded)
-            pos += padded
-            if pos >= 4 * _CHUNK:
-                del buf[:pos]
-                pos = 0
-
-
-def _iter_tar_slow(path: Path) -> Iterable[tuple[str, bytes]]:
     with tarfile.open(path, mode="r|*") as tf:
         for member in tf:
             if member.isfile():
@@ -417,10 +307,7 @@ def _scan_archive(path: Path, splits: set[str]) -> dict[str, dict[str, dict[str,
             found[split].setdefault(cls, {})[fname] = data
         return found
 
-    try:
-        return collect(_iter_tar_fast(path))
-    except _UseTarfile:
-        return collect(_iter_tar_slow(path))
+    return collect(_iter_tar(path))
 
 
 def _load_archive(path: Path, subsets: dict[str, int | None], cache: Path | None) -> tuple[dict[str, Arrays], list[str] | None]:

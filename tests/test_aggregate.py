@@ -171,15 +171,22 @@ def test_one_seed_prints_its_value_and_n1_without_plus_minus(tmp_path, capsys):
     assert rows[0]["n"] == 1 and rows[0]["accuracy"] == [pytest.approx(0.9711), None]
 
 
-def test_nan_and_missing_metrics_do_not_crash_and_are_counted(tmp_path, capsys):
-    write_run(tmp_path / "runs" / "s0", 0, metrics={"nll": float("nan")})
-    write_run(tmp_path / "runs" / "s1", 1, metrics={"nll": None, "ece": float("inf")})
-    write_run(tmp_path / "runs" / "s2", 2)
+def test_nan_and_missing_metrics_are_left_out_and_counted(tmp_path, capsys):
+    """The NaN policy (flatbnn/reproduce/stats.py): a non-finite seed is left out of mean and std and counted
+    beside them -- one diverged seed no longer blanks the cell (it printed ``nan (1/3 non-finite)``)."""
+    write_run(tmp_path / "runs" / "s0", 0, metrics={"nll": float("nan"), "ece": 0.01, "brier": float("nan")})
+    write_run(tmp_path / "runs" / "s1", 1, metrics={"nll": None, "ece": float("inf"), "brier": float("inf")})
+    write_run(tmp_path / "runs" / "s2", 2, metrics={"brier": None})
     rows, out = rows_of(tmp_path, capsys)
     (row,) = rows
-    assert "nan (2/3 non-finite)" in out and "nan (1/3 non-finite)" in out
-    assert row["nll"] == [None, None] and row["stats"]["nll"]["n_nonfinite"] == 2
+    # nll: only s2's 0.3; ece: 0.01 and s2's 0.02 -> mean 0.015, std 0.01/sqrt(2); brier: nothing finite
+    assert "| 0.3000 (n=1) [2/3 non-finite] | 0.0150 ± 0.0071 [1/3 non-finite] | nan [3/3 non-finite] |" in out
+    assert row["nll"] == [pytest.approx(0.3), None] and row["stats"]["nll"]["n_nonfinite"] == 2
+    assert row["stats"]["nll"]["n"] == 1 and row["stats"]["nll"]["values"] == ["nan", None, 0.3]
+    assert row["ece"] == [pytest.approx(0.015), pytest.approx(0.01 / math.sqrt(2))]
+    assert row["brier"] == [None, None] and row["n"] == 3
     assert row["accuracy"][0] == pytest.approx(0.91)  # the finite metrics of the same runs are unaffected
+    assert "left out of the mean, std and tests and counted" in out  # the policy, said in the table's note
 
 
 # ------------------------------------------------------------------------------------------- errors and failures

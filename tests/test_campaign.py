@@ -145,7 +145,7 @@ def test_a_run_record_is_a_measured_rate_and_an_unmatched_config_is_assumed(tmp_
 def test_a_paper_cell_gets_its_verdict_when_all_its_seeds_are_in_and_the_board_counts_it(tmp_path, monkeypatch):
     from test_reproduce import _fake_run
 
-    from flatbnn.reproduce import compare, status
+    from flatbnn.reproduce import compare, compare_markdown, status
 
     row = spec.load_row("flatbnn_t2")
     out = tmp_path / "out"
@@ -160,8 +160,8 @@ def test_a_paper_cell_gets_its_verdict_when_all_its_seeds_are_in_and_the_board_c
     assert "verdict" not in rec[("preresnet164/swag", "accuracy")]  # 1/3 seeds
     pr = compare.paper_progress(c)
     assert (pr["cells"], pr["done"], pr["within"], pr["outside"]) == (20, 2, 1, 1)
-    assert compare.progress_sentence(pr) == "2/20 cells done: 1 within the paper's spread, 1 outside"
-    md = compare.to_markdown(c)
+    assert compare_markdown.progress_sentence(pr) == "2/20 cells done: 1 within the paper's spread, 1 outside"
+    md = compare_markdown.to_markdown(c)
     assert "within (3 seeds)" in md and "**Progress: 2/20 cells done" in md
     monkeypatch.setattr(status, "RESULTS_ROOT", tmp_path / "results")
     (tmp_path / "results" / "flatbnn_t2").mkdir(parents=True)

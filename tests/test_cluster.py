@@ -101,7 +101,7 @@ def test_a_paper_row_is_one_slurm_array_of_every_cell(tmp_path):
 
 
 def test_compare_on_partial_results_shows_finished_and_marks_pending(tmp_path):
-    from flatbnn.reproduce import compare, spec
+    from flatbnn.reproduce import compare, compare_markdown, spec
     from test_reproduce import _fake_run
 
     row = spec.load_row("flatbnn_t2")
@@ -115,7 +115,7 @@ def test_compare_on_partial_results_shows_finished_and_marks_pending(tmp_path):
     assert state["wrn28x10/f_swag"] == "1/3 seeds"
     assert "interrupted" in state["wrn28x10/swag"] and "pending" in state["wrn28x10/swag"]
     assert state["preresnet164/swag"] == "pending"
-    assert "1/3 seeds" in compare.to_markdown(c)
+    assert "1/3 seeds" in compare_markdown.to_markdown(c)
 
 
 # ---------------------------------------------------------------------------------------------- exit codes

@@ -160,7 +160,8 @@ def test_overhead_comparison_reads_the_analysis_json(tmp_path):
     the paper's) and carries the analysis' ratio table; without the file the cells are listed as missing."""
     sys.path.insert(0, str(REPO / "scripts"))
     import analyze
-    from flatbnn.reproduce.compare import build, to_markdown
+    from flatbnn.reproduce.compare import build
+    from flatbnn.reproduce.compare_markdown import to_markdown
     from flatbnn.reproduce.spec import load_row
 
     row = load_row("fsam_overhead")

@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from flatbnn.reproduce.compare import write_comparison
+from flatbnn.reproduce.compare_markdown import write_comparison
 from flatbnn.reproduce.figures import axis_number, curve_data, draw_figures, seeds_label, sweep_data
 from flatbnn.reproduce.spec import SpecError, load_row
 

@@ -409,21 +409,21 @@ def test_a_refused_config_leaves_no_stray_run_dir(tmp_path):
 def test_a_comparison_from_fewer_runs_does_not_replace_the_committed_one_without_force(tmp_path, capsys):
     import shutil
 
-    from flatbnn.reproduce import compare, spec
+    from flatbnn.reproduce import compare_markdown, spec
     from test_reproduce import _fake_run
     row, cell = spec.load_row("bsam_t1"), "cifar10/resnet20_frn/bsam"
     dest = tmp_path / "results" / "bsam_t1"
     for s in (0, 1, 2):
         _fake_run(tmp_path / "full", cell, s, 0.60 + s / 100, 1.1)
-    compare.write_comparison(row, "cpu", out=tmp_path / "full", dest=dest)
+    compare_markdown.write_comparison(row, "cpu", out=tmp_path / "full", dest=dest)
     committed = (dest / "cpu.md").read_text(), (dest / "cpu.json").read_text()
     assert "(n=3)" in committed[0]
     shutil.rmtree(dest / "cpu" / "runs")  # a row whose earlier runs have no committed records
     _fake_run(tmp_path / "cut", cell, 0, 0.50, 1.3)  # an interrupted rerun: 1 finished run
-    compare.write_comparison(row, "cpu", out=tmp_path / "cut", dest=dest)
+    compare_markdown.write_comparison(row, "cpu", out=tmp_path / "cut", dest=dest)
     assert ((dest / "cpu.md").read_text(), (dest / "cpu.json").read_text()) == committed
     assert "3 finished runs" in capsys.readouterr().err
-    compare.write_comparison(row, "cpu", out=tmp_path / "cut", dest=dest, force=True)
+    compare_markdown.write_comparison(row, "cpu", out=tmp_path / "cut", dest=dest, force=True)
     assert "(n=1)" in (dest / "cpu.md").read_text()
 
 

@@ -90,13 +90,13 @@ def test_an_inheriting_protocol_adds_to_the_same_glob_and_a_repeated_key_is_caug
 def test_status_board_and_comparison_page_show_fidelity_and_departures(monkeypatch):
     import re
 
-    from flatbnn.reproduce import compare, status
+    from flatbnn.reproduce import compare, compare_markdown, status
     line = next(x for x in status.render().splitlines() if x.startswith("| `bsam_t6`"))
     assert re.search(r"\| \d+ checked / 1 departure \|", line)
     monkeypatch.setattr(P, "protocol_of", lambda row: None)  # a row nobody transcribed says so, never passes quietly
     line = next(x for x in status.render().splitlines() if x.startswith("| `hwa_fig1`"))
     assert "**no protocol yet**" in line
     monkeypatch.undo()
-    md = "\n".join(compare._fidelity_markdown({"row": "bsam_t6", "fidelity": compare._fidelity(load_row("bsam_t6"))}))
+    md = "\n".join(compare_markdown._fidelity_markdown({"row": "bsam_t6", "fidelity": compare._fidelity(load_row("bsam_t6"))}))
     assert "## Departures from the paper's protocol" in md
     assert "| `model.num_classes` | `*mnist/*` | 10 | 9 | our extension: K softmax logits" in md

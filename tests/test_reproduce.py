@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from helpers import REPO
 
-from flatbnn.reproduce import compare, launch, spec, status
+from flatbnn.reproduce import compare, compare_markdown, launch, spec, status
 
 
 def test_every_spec_and_paper_file_loads_and_their_cells_agree():
@@ -149,7 +149,7 @@ def test_comparison_units_deltas_directions_and_verdicts(tmp_path):
     assert d[("wrn28x10/f_swag", "ece")]["agree"] is False          # ours got worse
     assert d[("wrn28x10/f_mc_dropout", "accuracy")]["agree"] is None  # not run: pending, not "agrees"
     assert "verdict" not in acc  # below paper scale, no verdicts
-    md = compare.to_markdown(c)
+    md = compare_markdown.to_markdown(c)
     assert "NOT a paper reproduction" in md and "abcdef12" in md
     # at paper scale: within the printed spread or not
     p = compare.build(row, "paper", out)
@@ -233,14 +233,14 @@ def test_out_sweeps_elsewhere_and_keeps_its_comparison_out_of_the_committed_tabl
     """``run ROW --out DIR`` used to write its comparison over the committed results/reproduce/<row>/; and ``all
     --out DIR`` swept every row into the one DIR, where cells of the same id (bSAM T1 / T5) collide."""
     from flatbnn.reproduce import cli
-    from flatbnn.reproduce import compare, launch, scripts as row_scripts
+    from flatbnn.reproduce import launch, scripts as row_scripts
 
     seen = []
     fake = lambda row, scale, out=None, **kw: seen.append(("sweep", row.row, out)) or {"jobs": {}, "returncode": 0}
     monkeypatch.setattr(launch, "launch", fake)
     monkeypatch.setattr(launch, "launch_eval", fake)
     monkeypatch.setattr(row_scripts, "run_script_row", lambda row, scale, dry_run=False: 0)
-    monkeypatch.setattr(compare, "write_comparison",
+    monkeypatch.setattr(compare_markdown, "write_comparison",
                         lambda row, scale, out=None, dest=None, **kw: seen.append(("table", row.row, dest)) or tmp_path)
     monkeypatch.setattr(status, "write_status", lambda: seen.append(("board",)) or "STATUS.md")
 
@@ -596,7 +596,7 @@ def test_a_table_whose_paper_numbers_are_lost_lists_our_cells_and_ranks_its_pair
     assert d[("cifar10/resnet20_frn/bsam", "nll")]["ours_better"] == "yes"     # lower is better
     assert d[("cifar10/resnet20_frn/bsam", "ece")]["ours_better"] == "no"
     assert all(x["agree"] is None for x in c["direction"])    # nothing to agree with: never counted as agreement
-    md = compare.to_markdown(c)
+    md = compare_markdown.to_markdown(c)
     assert "## Our cells" in md and "| `cifar10/resnet20_frn/bsam` | 61.00 ± 1.00 (n=3) | 1.1000 ± 0.0000 (n=3)" in md
     assert "agrees with the paper" not in md
 
@@ -637,7 +637,7 @@ def test_a_pair_is_beyond_seed_noise_only_by_a_t_test_at_its_seed_count(tmp_path
     assert d[("cifar10/resnet20_frn/bsam", "sam_sgd", "accuracy")]["beyond_noise"] == "no"
     assert d[("cifar10/resnet20_frn/bsam", "sam_sgd", "nll")]["beyond_noise"] == "yes"
     assert d[("cifar10/resnet20_frn/sam_sgd", "sgd", "accuracy")]["beyond_noise"] is None   # sgd: one seed
-    md = compare.to_markdown(c)
+    md = compare_markdown.to_markdown(c)
     assert "Beyond seed noise" in md and "| 60.00 vs 60.50 | no |" in md
     judged = [x for x in c["direction"] if x["beyond_noise"]]
     assert f"{sum(x['beyond_noise'] == 'yes' for x in judged)} of {len(judged)} pairs" in md
@@ -679,7 +679,7 @@ def test_cells_the_paper_does_not_print_are_listed_apart_and_never_compared(tmp_
     extra = {(r["cell"], r["metric"]): r for r in c["extra_table"]}
     assert extra[("cifar10/wrn28x2/mfvi", "accuracy")]["ours_mean"] == pytest.approx(40.5)
     assert not any(r["cell"].endswith("mfvi") for r in c["table"] + c["direction"])
-    assert "| `cifar10/wrn28x2/mfvi` | 40.50 ± 0.71 (n=2) |" in compare.to_markdown(c)
+    assert "| `cifar10/wrn28x2/mfvi` | 40.50 ± 0.71 (n=2) |" in compare_markdown.to_markdown(c)
 
 
 def test_committed_records_stand_in_for_lost_run_dirs_and_add_up_with_new_seeds(tmp_path):
@@ -699,7 +699,7 @@ def test_committed_records_stand_in_for_lost_run_dirs_and_add_up_with_new_seeds(
     _fake_run(src.parent, "sgd", 0, 0.50, 1.3)
     (out / "cifar10/resnet20_frn/sgd").mkdir(parents=True)
     (out / "cifar10/resnet20_frn/sgd/seed0").symlink_to(src / "seed0", target_is_directory=True)
-    compare.write_comparison(row, "cpu", out=out, dest=dest)
+    compare_markdown.write_comparison(row, "cpu", out=out, dest=dest)
     rec = archive.record_dir(results, "bsam_t1", "cpu", cell, 0)
     assert json.loads((rec / "results.json").read_text())["metrics"]["accuracy"] == 0.60
     assert (rec / "metrics.jsonl").read_text() == '{"epoch": 1, "test/accuracy": 0.3}\n'
@@ -718,7 +718,7 @@ def test_committed_records_stand_in_for_lost_run_dirs_and_add_up_with_new_seeds(
     _fake_run(out, cell, 0, 0.70, 1.0)
     c = compare.build(row, "cpu", out, archive_root=results)
     assert {(r["cell"], r["metric"]): r for r in c["table"]}[(cell, "accuracy")]["ours_mean"] == pytest.approx(65.333333)
-    compare.write_comparison(row, "cpu", out=out, dest=dest)
+    compare_markdown.write_comparison(row, "cpu", out=out, dest=dest)
     assert json.loads((rec / "results.json").read_text())["metrics"]["accuracy"] == 0.70
     assert archive.archived(results, "bsam_t1", "smoke", cell, 0) is None  # never at smoke scale
 
@@ -737,7 +737,7 @@ def test_a_tie_on_one_side_is_undecided_not_a_disagreement(tmp_path):
     assert d[("n40/fsam", "accuracy")]["ours_better"] == "tie" and d[("n40/fsam", "accuracy")]["agree"] is None
     assert d[("n20/fsam", "accuracy")]["agree"] is True   # paper: FSAM 93.03 < SAM 93.12; ours 20 < 30
     assert "agrees with the paper on 1 of 1 comparisons (pending: 2; undecided, a tie on one side only: 1)" in \
-        compare.to_markdown(c)
+        compare_markdown.to_markdown(c)
 
 
 def test_a_cell_at_chance_ranks_nothing(tmp_path):
@@ -761,7 +761,7 @@ def test_a_cell_at_chance_ranks_nothing(tmp_path):
     for pair in ("cifar10/wrn28x2/fsam", "cifar10/wrn28x2/sam"):
         assert d[(pair, "accuracy")]["agree"] is None and d[(pair, "accuracy")]["undecided"].startswith("at chance")
     assert d[("cifar10/resnet20/fsam", "accuracy")]["agree"] is True  # paper: FSAM > SAM; ours 25 > 21.45
-    md = compare.to_markdown(c)
+    md = compare_markdown.to_markdown(c)
     assert "on 1 of 1 comparisons (pending: 1; undecided, a cell of ours at chance: 2)" in md
     assert md.count("| 2/3 seeds · at chance |") == 2   # the second net's SAM and FSAM; not SGD, not ResNet-20 SAM
     # the boundary: 1/10 + 3 sqrt(0.09 / 1000) = 12.85 %; 12.9 % is above it
@@ -814,9 +814,9 @@ def test_a_run_trained_with_another_config_than_the_spec_is_stale_not_compared(t
     acc = {(r["cell"], r["metric"]): r for r in c["table"]}
     assert acc[("n20/sgd", "accuracy")]["ours_n"] == 0 and acc[("n20/sam", "accuracy")]["ours_n"] == 1
     assert "- STALE `n20/sgd/seed0` (left out): trained with another config than the spec's (model.depth: 32 -> 20" \
-        in compare.to_markdown(c)
+        in compare_markdown.to_markdown(c)
     assert "--cells 'n20/sgd' --seeds 0 --force" in c["stale"]["n20/sgd/seed0"]
-    compare.write_comparison(row, "cpu", out=out, dest=results / "fsam_t4")
+    compare_markdown.write_comparison(row, "cpu", out=out, dest=results / "fsam_t4")
     assert archive.archived(results, "fsam_t4", "cpu", "n20/sam", 0) is not None
     assert archive.archived(results, "fsam_t4", "cpu", "n20/sgd", 0) is None   # never recorded
     launch.launch(row, "cpu", out=out, dry_run=True, seeds=[0], cells_glob="n20/s*")

@@ -18,8 +18,9 @@ budget are never averaged together. Within a row a seed may appear once (:class:
 
 Sweep members that have a ``.hydra/`` directory but no ``results.json`` (failed or still running), and jobs that a
 sweep's ``multirun.yaml`` lists but that never started, are returned as :class:`Failed` entries; they are never
-counted in n. Statistics: mean and ``statistics.stdev`` (ddof = 1) over the seeds; n = 1 has no std; a NaN / inf /
-missing value makes the cell ``nan`` and says how many seeds were non-finite.
+counted in n. Statistics (flatbnn/reproduce/stats.py, shared with the paper comparisons): mean and ``statistics.stdev``
+(ddof = 1) over the seeds; n = 1 has no std; a seed whose value is NaN / inf / missing is left out of the cell's mean
+and std and counted beside it (``[1/3 non-finite]``; ``nan [3/3 non-finite]`` when none is finite).
 
 Library use (scripts/aggregate.py is the command line)::
 
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,12 +42,13 @@ from typing import Any, Iterable
 import yaml
 
 from flatbnn import keyroles
+from flatbnn.reproduce.stats import NAN_POLICY, is_finite, nonfinite_note, seed_stats
 from flatbnn.utils import flatten  # noqa: F401 (also aggregate.flatten for its callers)
 
 METRICS = ["accuracy", "nll", "ece", "brier", "auroc_misclassification", "auroc_ood"]
 
 STATS_NOTE = ("mean ± std over seeds (std: sample standard deviation, ddof = 1); n = number of seeds; "
-              "a row with n=1 shows its single value without ±")
+              f"a row with n=1 shows its single value without ±; {NAN_POLICY}")
 
 # config keys (dotted; a key also removes everything below it) that never split a group: the seed, paths, display,
 # bookkeeping, labels -- the roles that do not split rows, declared in flatbnn/keyroles.py
@@ -409,21 +410,13 @@ def metric_value(metrics: dict, name: str):
     return node
 
 
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def metric_stats(values: list) -> dict:
-    """``{"n", "n_nonfinite", "mean", "std", "values"}``: mean / std (ddof = 1) of the values if all are finite
-    numbers; mean and std are None if any is NaN / inf / missing; std is None for n = 1."""
-    n = len(values)
-    bad = sum(not _finite(v) for v in values)
-    st = {"n": n, "n_nonfinite": bad, "mean": None, "std": None,
-          "values": [v if _finite(v) else (None if v is None else str(v)) for v in values]}
-    if n and not bad:
-        st["mean"] = statistics.fmean(values)
-        st["std"] = statistics.stdev(values) if n > 1 else None
-    return st
+    """``{"n", "n_nonfinite", "mean", "std", "values"}`` under the NaN policy of flatbnn/reproduce/stats.py: mean /
+    std (ddof = 1) of the finite values, n = how many; NaN / inf / missing values are left out and counted in
+    ``n_nonfinite`` (kept in ``values`` as null / "nan" / "inf"). mean is None for n = 0, std for n < 2."""
+    st = seed_stats(values)
+    return {"n": st.n, "n_nonfinite": st.n_nonfinite, "mean": st.mean, "std": st.std,
+            "values": [v if is_finite(v) else (None if v is None else str(v)) for v in values]}
 
 
 def _flatness_label(fl: dict) -> str:
@@ -537,12 +530,13 @@ def fmt_cell(st: dict | None, metric: str) -> str:
     if st is None:
         return "–"
     scale, digits = (100, 2) if metric == "accuracy" else (1, 4)
-    if st["n_nonfinite"]:
-        return f"nan ({st['n_nonfinite']}/{st['n']} non-finite)"
+    left_out = nonfinite_note(st["n"], st["n_nonfinite"])
+    if st["mean"] is None:
+        return "nan" + left_out
     mean = f"{scale * st['mean']:.{digits}f}"
     if st["n"] == 1:
-        return f"{mean} (n=1)"
-    return f"{mean} ± {scale * st['std']:.{digits}f}"
+        return f"{mean} (n=1){left_out}"
+    return f"{mean} ± {scale * st['std']:.{digits}f}{left_out}"
 
 
 def _seeds_cell(row: dict) -> str:

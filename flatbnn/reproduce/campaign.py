@@ -33,6 +33,7 @@ from pathlib import Path
 
 from flatbnn.reproduce import archive, cost, launch, preflight
 from flatbnn.reproduce.compare import archive_row
+from flatbnn.reproduce.compare_markdown import write_comparison
 from flatbnn.reproduce.spec import REPO, Cell, Row, SpecError, list_rows, load_row
 
 PAPER = "paper"
@@ -294,8 +295,6 @@ def link_reused(p: Plan) -> list[str]:
 
 def write_comparisons(rows: list[Row], out_root: Path | None = None, results_root: Path | None = None) -> list[Path]:
     """Each row's paper comparison (verdicts for the cells whose seeds are all in) beside its records."""
-    from flatbnn.reproduce.compare import write_comparison
-
     out_root = Path(out_root or launch.OUTPUT_ROOT)
     results_root = Path(results_root or archive.ARCHIVE_ROOT)
     return [write_comparison(row, PAPER, out=out_root / row.row / PAPER, dest=results_root / row.row) for row in rows]

@@ -61,7 +61,7 @@ def _results_root(args) -> Path | None:
 
 def _run_row(name: str, args, extra: list[str]) -> int:
     from flatbnn.reproduce import launch, preflight, scripts as row_scripts
-    from flatbnn.reproduce.compare import write_comparison
+    from flatbnn.reproduce.compare_markdown import write_comparison
 
     row = load_row(name)
     out = _sweep_dir(args, name)
@@ -263,7 +263,7 @@ def main(argv=None) -> int:
                 print(f"status board: {write_status()}", file=sys.stderr)
             return worst
         if args.cmd == "compare":
-            from flatbnn.reproduce.compare import write_comparison
+            from flatbnn.reproduce.compare_markdown import write_comparison
             root = _results_root(args)
             print(write_comparison(load_row(args.row), args.scale, out=args.out,
                                    dest=root / args.row if root else None, force=args.force))

@@ -1,12 +1,16 @@
-"""Ours vs the paper, cell by cell: value, delta, seeds, budget, commit -> Markdown (+ JSON for the status board).
+"""Ours vs the paper, cell by cell: the comparison model -- value, delta, seeds, verdicts, directions, budget.
+
+:func:`build` returns the comparison as a dict (the ``results/reproduce/<row>/<scale>.json`` the status board
+reads); flatbnn/reproduce/compare_markdown.py renders it as Markdown and writes both files.
 
 At ``paper`` scale each cell gets a verdict: within the paper's reported spread (|ours - paper| <= 2 sqrt(s_p^2 +
 s_o^2), the seed std of each side) or not; a cell without a printed spread gets none. Below paper scale absolute
 numbers are not comparable (smaller data, net and budget), so only the DIRECTION is checked: for each pair of the
 spec's ``compare.pairs`` (e.g. F-SWAG vs SWAG), is the first better than the second on each metric -- in the paper
 and in ours, and is our difference beyond seed noise (a two-sided 5 % t-test, paired over shared seeds; a
-direction inside the noise is a coin flip, whichever way it points). Can be rerun at any time on partial results:
-finished cells are shown, the rest marked.
+direction inside the noise is a coin flip, whichever way it points). Seeds with a non-finite value are left out
+and counted (the NaN policy of flatbnn/reproduce/stats.py). Can be rerun at any time on partial results: finished
+cells are shown, the rest marked.
 """
 
 from __future__ import annotations
@@ -15,17 +19,17 @@ import fnmatch
 import json
 import math
 import os
-import shutil
-import statistics
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from flatbnn.engine.checkpoint import write_json, write_text
+import yaml
+
 from flatbnn.engine.report import CHANCE_SE
 from flatbnn.reproduce import archive
-from flatbnn.reproduce.launch import OUTPUT_ROOT, checks_staleness, job_state, run_dir, stale_run
+from flatbnn.reproduce.launch import OUTPUT_ROOT, checks_staleness, job_state, run_dir, stale_detail, stale_run
+from flatbnn.reproduce.protocol import fidelity_summary
 from flatbnn.reproduce.spec import REPO, Row
+from flatbnn.reproduce.stats import SeedStats, is_finite, paired_ttest, seed_stats, welch_ttest
 
 RESULTS_ROOT = REPO / "results" / "reproduce"
 # paper metric name -> where it lives in our results.json "metrics" (dotted path)
@@ -37,13 +41,6 @@ NOT_AT_SCALE = "not run at this scale"
 DEFAULT_METRICS = {"accuracy": {"unit": "percent", "better": "higher"}, "nll": {"unit": "nats", "better": "lower"},
                    "ece": {"unit": "fraction", "better": "lower"},
                    "auroc": {"unit": "fraction", "better": "higher", "results_key": "auroc_misclassification"}}
-SCALE_BANNER = {
-    "smoke": "SMOKE run: a few steps on fake data; checks that the row's configs run, nothing about its numbers.",
-    "cpu": "CPU-budget run (reduced data, network and epochs; see Budget): NOT a paper reproduction. Absolute "
-           "numbers are not comparable with the paper's; only the direction of each F-vs-base pair is checked.",
-    "paper": "Paper-scale run (the paper's protocol): each cell is checked against the paper's spread.",
-}
-
 
 def _get(d: dict, dotted: str):
     for part in dotted.split("."):
@@ -61,20 +58,13 @@ def _to_paper_unit(value: float, metric: str, unit: str | None) -> float:
     return 100.0 * value if unit == "percent" else value
 
 
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
-
-
 def collect(row: Row, scale: str, out: Path | None = None, archive_root: Path | None = None) -> dict:
     """Our runs of ``row`` at ``scale``: per cell the seeds' results.json (and the states of missing jobs). A job
     whose run dir holds no results.json is read from its committed record (flatbnn/reproduce/archive.py) under
     ``archive_root`` -- by default results/reproduce when ``out`` is the default outputs dir; a caller naming
     another ``out`` (a test, a scratch sweep) reads no records unless it names ``archive_root`` too."""
-    from flatbnn.reproduce.archive import ARCHIVE_ROOT, archived_detail, run_or_record
-    from flatbnn.reproduce.launch import stale_detail
-
     if archive_root is None and out is None:
-        archive_root = ARCHIVE_ROOT
+        archive_root = archive.ARCHIVE_ROOT
     out = Path(out or OUTPUT_ROOT / row.row / scale)
     if row.kind == "script":
         return {"out": str(out), "cells": _script_cells(row, out)}
@@ -84,9 +74,9 @@ def collect(row: Row, scale: str, out: Path | None = None, archive_root: Path | 
         for seed in cell.seeds:
             state, detail = job_state(out, cell.id, seed)
             live = run_dir(out, cell.id, seed)
-            d = run_or_record(live, archive_root, row.row, scale, cell.id, seed)
+            d = archive.run_or_record(live, archive_root, row.row, scale, cell.id, seed)
             if d != live:  # the live run dir is gone (or unfinished): its committed record stands in
-                state, detail = "done", archived_detail(d)
+                state, detail = "done", archive.archived_detail(d)
             if state == "done" and checks_staleness(row, scale) and (why := stale_run(cell, seed, d)):
                 state, detail = "stale", stale_detail(row, scale, cell.id, seed, why)
             if state == "done":
@@ -107,14 +97,12 @@ def _at_chance(result: dict, run: Path) -> bool:
     binomial standard errors of 1/K (K from the run's resolved ``model.num_classes``, n = its test size). Such a
     run (e.g. a deep ResNet whose first steps at lr 0.1 diverged and left it predicting one class) ranks nothing:
     its pairs are undecided, whatever the third decimal of its accuracy says. Unknown K or n: False."""
-    import yaml
-
     acc, n = _get(result, "metrics.accuracy"), _get(result, "meta.budget.test_size")
     try:
         k = int(_get(yaml.safe_load((run / "config_resolved.yaml").read_text()) or {}, "model.num_classes"))
     except (OSError, TypeError, ValueError, yaml.YAMLError):
         return False
-    if not _finite(acc) or not n or k < 2:
+    if not is_finite(acc) or not n or k < 2:
         return False
     p = 1.0 / k
     return acc <= p + CHANCE_SE * math.sqrt(p * (1.0 - p) / n)
@@ -166,16 +154,13 @@ def _paper_to_ours(row: Row, paper_cell: str, metric: str, scale: str = "paper")
 def _by_seed(runs: list[dict], values: list) -> dict:
     """{seed: value} of the finite values (for the paired seed-noise test of two cells that share seeds)."""
     return {str(r["meta"]["seed"]): v for r, v in zip(runs, values)
-            if _finite(v) and (r.get("meta") or {}).get("seed") is not None}
+            if is_finite(v) and (r.get("meta") or {}).get("seed") is not None}
 
 
 def _stats(values: list) -> dict:
-    finite = [v for v in values if _finite(v)]
-    n_bad = len(values) - len(finite)
-    if not finite:
-        return {"mean": None, "std": None, "n": 0, "nonfinite": n_bad}
-    return {"mean": statistics.fmean(finite), "std": statistics.stdev(finite) if len(finite) > 1 else None,
-            "n": len(finite), "nonfinite": n_bad}
+    """``{mean, std, n, nonfinite}`` over seeds (the record's ``ours_*`` keys; NaN policy of reproduce/stats.py)."""
+    st = seed_stats(values)
+    return {"mean": st.mean, "std": st.std, "n": st.n, "nonfinite": st.n_nonfinite}
 
 
 def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | None = None) -> dict:
@@ -190,7 +175,7 @@ def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | No
                 continue
             our_cell, path = _paper_to_ours(row, pc["cell"], metric, scale)
             entry = ours["cells"].get(our_cell)
-            values = [_to_paper_unit(_get(r["metrics"], path), metric, spec.get("unit")) if _finite(
+            values = [_to_paper_unit(_get(r["metrics"], path), metric, spec.get("unit")) if is_finite(
                 _get(r["metrics"], path)) else _get(r["metrics"], path) for r in (entry or {}).get("runs", [])]
             st = _stats(values)
             rec = {"cell": pc["cell"], "our_cell": our_cell, "metric": metric, "unit": spec.get("unit"),
@@ -255,7 +240,7 @@ def _ours_table(ours: dict, metrics: dict) -> list[dict]:
     for cid, entry in ours["cells"].items():
         for metric, spec in metrics.items():
             path = spec.get("results_key") or METRIC_PATHS.get(metric, metric)
-            values = [_to_paper_unit(v, metric, spec.get("unit")) if _finite(v := _get(r["metrics"], path)) else v
+            values = [_to_paper_unit(v, metric, spec.get("unit")) if is_finite(v := _get(r["metrics"], path)) else v
                       for r in entry["runs"]]
             st = _stats(values)
             if entry["blocked"]:
@@ -279,38 +264,27 @@ def _verdict(rec: dict) -> str:
     return "within" if abs(rec["delta"]) <= spread else "outside"
 
 
-#: two-sided level of "beyond seed noise": |difference| > t_(1 - ALPHA/2, dof) standard errors of it
+#: two-sided level of "beyond seed noise": p < NOISE_ALPHA, i.e. |difference| > t_(1 - ALPHA/2, dof) standard errors
+#: of it -- 12.7 se at 1 dof (2 seeds), 4.30 at 2, 2.78 at 4 (vs 1.96 for many seeds). A fixed 2 standard errors
+#: calls a pure-noise difference 'beyond' 30 % of the time at 2 seeds and 18 % at 3.
 NOISE_ALPHA = 0.05
-
-
-def _t_crit(dof: float) -> float:
-    """Student-t quantile for the two-sided NOISE_ALPHA test: 12.7 at 1 dof (2 seeds), 4.30 at 2, 2.78 at 4 (vs
-    1.96 for many seeds). A fixed 2 standard errors calls a pure-noise difference 'beyond' 30 % of the time at 2
-    seeds and 18 % at 3."""
-    from scipy.stats import t
-
-    return float(t.ppf(1.0 - NOISE_ALPHA / 2.0, dof))
 
 
 def _separated(r: dict, b: dict) -> tuple[str | None, float | None]:
     """Is our difference of two cells beyond seed noise: a two-sided t-test at NOISE_ALPHA (5 %)? Paired when both
-    cells have 2+ seeds in common (a seed fixes init and data order, and an eval row's cells share the trained run):
-    the mean of the per-seed differences against se = sd(d)/sqrt(n), n - 1 dof; otherwise Welch: |m_r - m_b| against
-    se = sqrt(s_r^2/n_r + s_b^2/n_b) with the Welch-Satterthwaite dof. Returns (verdict, se); ``None`` with fewer
-    than 2 finite seeds on either side (``_stats`` gives no std there)."""
+    cells have 2+ finite seeds in common (a seed fixes init and data order, and an eval row's cells share the trained
+    run): stats.paired_ttest over those seeds; otherwise Welch's test (stats.welch_ttest) from the two cells' mean,
+    std and n. Returns (verdict, se of the difference); ``None`` with fewer than 2 finite seeds on either side."""
     xr, xb = r.get("ours_by_seed") or {}, b.get("ours_by_seed") or {}
     common = sorted(set(xr) & set(xb))
     if len(common) >= 2:
-        d = [xr[k] - xb[k] for k in common]
-        se = statistics.stdev(d) / math.sqrt(len(d))
-        return ("yes" if abs(statistics.fmean(d)) > _t_crit(len(d) - 1) * se else "no"), se
-    if r.get("ours_std") is None or b.get("ours_std") is None:
+        test = paired_ttest([xr[k] for k in common], [xb[k] for k in common])
+    elif r.get("ours_std") is None or b.get("ours_std") is None:
         return None, None
-    vr, vb = r["ours_std"] ** 2 / r["ours_n"], b["ours_std"] ** 2 / b["ours_n"]
-    se = math.sqrt(vr + vb)
-    dof = ((vr + vb) ** 2 / (vr ** 2 / (r["ours_n"] - 1) + vb ** 2 / (b["ours_n"] - 1)) if vr + vb > 0
-           else r["ours_n"] + b["ours_n"] - 2)
-    return ("yes" if abs(r["ours_mean"] - b["ours_mean"]) > _t_crit(dof) * se else "no"), se
+    else:
+        test = welch_ttest(*(SeedStats(x["ours_n"], x.get("ours_nonfinite", 0), x["ours_mean"], x["ours_std"])
+                             for x in (r, b)))
+    return ("yes" if test.beyond(NOISE_ALPHA) else "no"), test.se
 
 
 def _directions(row: Row, table: list[dict]) -> list[dict]:
@@ -382,172 +356,9 @@ def _budget(row: Row, scale: str, runs: list[dict]) -> dict:
             "metric_conventions": meta[0].get("metric_conventions"), "first": b, "hw": hw}
 
 
-_CHANCE_NOTE = (f" A cell is at chance when every seed's test accuracy is within {CHANCE_SE:g} binomial standard errors "
-                "of 1/classes: it learned nothing, so its pairs rank nothing.")
-
-
-def _noise_sentence(direction: list[dict]) -> str:
-    judged = [d for d in direction if d.get("beyond_noise")]
-    n_sep = sum(d["beyond_noise"] == "yes" for d in judged)
-    return (f"Beyond seed noise (two-sided t-test at {NOISE_ALPHA:.0%}: paired over the seeds both cells have, "
-            f"se = sd(per-seed differences)/sqrt(n) with n - 1 dof -- |difference| > 12.7 se at 2 seeds, 4.3 se at 3; "
-            f"else Welch; needs 2+ seeds): {n_sep} of "
-            f"{len(judged)} pairs"
-            + (f"; {len(direction) - len(judged)} not judged (fewer than 2 seeds, or a metric a cell has no value for)"
-               if len(judged) < len(direction) else "") + ". A direction within seed noise is a coin flip at this budget, agree or not.")
-
-
-def _fmt(v, std=None, n=None, unit=None) -> str:
-    if v is None:
-        return "–"
-    digits = 2 if unit == "percent" else 4
-    s = f"{v:.{digits}f}"
-    if std is not None:
-        s += f" ± {std:.{digits}f}"
-    if n is not None:
-        s += f" (n={n})"
-    return s
-
-
-def to_markdown(c: dict) -> str:
-    b = c["budget"]
-    lines = [f"<!-- generated by scripts/reproduce.py compare {c['row']} --scale {c['scale']}; do not edit -->",
-             f"# {c['title']}", "", f"**Scale: {c['scale']}.** {SCALE_BANNER[c['scale']]}", "",
-             f"Paper numbers: `results/paper/{c['row']}.yaml` ({c['paper']}, {c.get('paper_source') or '?'}, "
-             f"provenance: {c.get('provenance') or '?'}). Spec: `rows/{c['row']}.yaml`."]
-    if c["provenance"] == "author_readme":
-        lines += ["", "> The paper's own table numbers were lost in our copy of the text: the numbers below are the "
-                      "authors' README rows (REFERENCE.md), not the paper's table."]
-    if not c["available"]:
-        lines += ["", "> This table's numbers are not in our copy of the paper (see the paper file's notes): nothing "
-                      "to compare with" + ("; our cells are listed and ranked against each other below."
-                                           if c.get("ours_only") and c["table"] else ".")]
-    lines += ["", "## Budget", ""]
-    if b.get("runs"):
-        lines += [f"- runs: {b['runs']} finished; seeds {b['seeds']}; datasets {b['datasets']}; models {b['models']}",
-                  f"- epochs {b['epochs']}, train size {b['train_size']}, test size {b['test_size']}, "
-                  f"global batch {b['global_batch']}, precision {b['precision']}",
-                  f"- hardware: {'; '.join(b['hardware'])}; train time {b['train_hours']} h in total"
-                  + (f" (the {b['evaluations']} results are re-evaluations of trained runs, each counted once)"
-                     if b.get("evaluations") else ""),
-                  f"- commit(s): {', '.join(b['commits'])}"]
-    elif c.get("script"):
-        sc = c["script"]
-        git = sc.get("git") or {}
-        lines.append(f"- script: `{sc.get('command')}` (exit {sc.get('returncode')}, {sc.get('seconds')} s) @ "
-                     f"{str(git.get('commit', '?'))[:8]}{'+dirty' if git.get('dirty') else ''}")
-        if c.get("reads_runs"):
-            lines.append("- it analyses other rows' finished runs at this scale: their budgets are in their comparisons")
-    else:
-        lines.append("- no finished runs yet")
-    if c.get("reused"):
-        src = sorted({next((p for p in Path(v).parts if p != ".."), v) for v in c["reused"].values()})
-        lines.append(f"- {len(c['reused'])} of these runs are other rows' runs with the same seed and training config "
-                     f"(linked, not retrained; from {', '.join(src)}): " + ", ".join(f"`{k}`" for k in c["reused"]))
-    if b.get("note"):
-        lines.append(f"- stated budget: {b['note']}")
-    conv = (b.get("metric_conventions") or {}) if b.get("runs") else {}
-    if conv or c.get("paper_conventions"):
-        ours = (f"ECE {conv.get('ece_bins')} bins, {conv.get('ece_binning')}, edges {conv.get('ece_edges')}"
-                if conv else ("see the analysed runs" if c.get("reads_runs") else "see the analysis below"))
-        lines += [f"- metric conventions, ours: {ours}; paper: {c.get('paper_conventions') or 'not stated'}"]
-    if c["choices"]:
-        lines += ["", "## Our choices where the paper is silent", ""]
-        lines += [f"- `{k}`: {v}" for k, v in c["choices"].items()]
-    lines += _fidelity_markdown(c)
-    if c["table"] and c["scale"] == "paper":
-        lines += ["", f"**Progress: {progress_sentence(paper_progress(c))}** (a cell's verdict comes when all its "
-                      f"seeds are in: outside if any metric is outside the paper's ±2σ)."]
-    if c["table"] and c.get("ours_only"):
-        lines += _ours_only_markdown(c)
-    elif c["table"]:
-        head = "| cell | metric | paper | ours (mean ± std over seeds, ddof 1) | Δ | state |"
-        if c["scale"] == "paper":
-            head = head[:-1] + " verdict (±2σ) |"
-        lines += ["", "## Cells", "", head, "|" + "---|" * (head.count("|") - 1)]
-        skipped = sorted({r["cell"] for r in c["table"] if r["state"] == NOT_AT_SCALE})
-        for r in (r for r in c["table"] if r["state"] != NOT_AT_SCALE):
-            cells = [f"`{r['cell']}`", r["metric"] + (f" ({r['unit']})" if r["unit"] else ""),
-                     _fmt(r["paper_mean"], r["paper_std"], unit=r["unit"]),
-                     _fmt(r["ours_mean"], r["ours_std"], r["ours_n"] or None, r["unit"]) +
-                     (f" [{r['ours_nonfinite']} non-finite]" if r["ours_nonfinite"] else ""),
-                     _fmt(r.get("delta"), unit=r["unit"]),
-                     r["state"] + (" · at chance" if r.get("at_chance") else "") + (" ⚑" if r["flags"] else "")]
-            if c["scale"] == "paper":
-                cells.append(f"{r['verdict']} ({r['verdict_seeds']} seeds)" if r.get("verdict") else "–")
-            lines.append("| " + " | ".join(cells) + " |")
-        if skipped:
-            lines += ["", f"{len(skipped)} paper cells are not part of this scale: " + ", ".join(f"`{x}`" for x in skipped)]
-        if any(r["flags"] for r in c["table"]):
-            lines += ["", "⚑ = the paper's cell is flagged in `results/paper/" + c["row"] + ".yaml` (ambiguous text)."]
-    if c.get("extra_table"):
-        lines += _cells_markdown(c["extra_table"], "Our cells without a paper number",
-                                 "Cells of the spec that the paper's table does not print (extensions, or rows of ours "
-                                 "only): shown for reference, never compared.")
-    if c["direction"] and not c.get("ours_only"):
-        agree = [d for d in c["direction"] if d["agree"] is not None]
-        n_ok = sum(d["agree"] for d in agree)
-        undecided = [d["undecided"] for d in c["direction"] if d.get("undecided")]
-        ties = sum(u.startswith("tie") for u in undecided)
-        lines += ["", "## Direction: is the first method better than its base?", "",
-                  f"Ours agrees with the paper on {n_ok} of {len(agree)} comparisons "
-                  f"(pending: {len(c['direction']) - len(agree) - len(undecided)}"
-                  + (f"; undecided, a tie on one side only: {ties}" if ties else "")
-                  + (f"; undecided, a cell of ours at chance: {len(undecided) - ties}" if len(undecided) > ties else "")
-                  + ")." + (_CHANCE_NOTE if len(undecided) > ties else ""), "", _noise_sentence(c["direction"]), "",
-                  "| method | vs | metric | paper | ours | agree | ours beyond seed noise? |",
-                  "|---|---|---|---|---|---|---|"]
-        for d in c["direction"]:
-            mark = {True: "yes", False: "**no**"}.get(d["agree"], f"– ({d['undecided']})" if d.get("undecided") else "–")
-            lines.append(f"| `{d['cell']}` | `{d['vs']}` | {d['metric']} | {d['paper_better'] or '–'} "
-                         f"({_fmt(d['paper'][0], unit=d.get('unit'))} vs {_fmt(d['paper'][1], unit=d.get('unit'))}) | "
-                         f"{d['ours_better'] or '–'} ({_fmt(d['ours'][0], unit=d.get('unit'))} vs "
-                         f"{_fmt(d['ours'][1], unit=d.get('unit'))}) | {mark} | {d.get('beyond_noise') or '–'} |")
-    for name, text in (c.get("included") or {}).items():  # the script's own report (e.g. derived ratios)
-        body = text.splitlines()
-        if body and body[0].startswith("# "):
-            body = body[1:]
-        lines += ["", f"## The analysis (`{name}`)", ""] + [ln.replace("# ", "### ", 1) if ln.startswith("# ") else ln
-                                                           for ln in body]
-    if c.get("figure"):
-        fig = c["figure"]
-        lines += ["", "## The paper's figure", "", f"- shows: {fig.get('shows', '')}",
-                  f"- the paper's reading: {fig.get('claim', '')}"]
-    figs = c.get("figures") or []
-    if figs:
-        lines += ["", "## Our figures", ""] + [f"![{Path(f).stem}]({Path(f).name})" for f in figs]
-    if c["failed"] or c["blocked"] or c.get("stale"):
-        lines += ["", "## Not run", ""]
-        lines += [f"- FAILED `{k}`: {v}" for k, v in c["failed"].items()]
-        lines += [f"- STALE `{k}` (left out): {v}" for k, v in (c.get("stale") or {}).items()]
-        lines += [f"- blocked `{k}`: {v}" for k, v in c["blocked"].items()]
-    if c["paper_notes"]:
-        lines += ["", "<details><summary>Notes on the paper's table</summary>", ""]
-        lines += [f"- {n}" for n in c["paper_notes"]] + ["", "</details>"]
-    return "\n".join(lines) + "\n"
-
-
 def _fidelity(row: Row) -> dict:
     """The paper scale's fidelity to the paper's protocol: the entries CI checks and the row's declared departures."""
-    from flatbnn.reproduce.protocol import fidelity_summary
     return {"summary": fidelity_summary(row), "departures": list(row.departures or [])}
-
-
-def _fidelity_markdown(c: dict) -> list[str]:
-    f = c.get("fidelity") or {}
-    if not f or f.get("summary") == "–":
-        return []
-    lines = ["", "## Departures from the paper's protocol (paper scale)", "",
-             f"Protocol: {f['summary']} (the paper's entries in `results/paper/{c['row']}.yaml` `protocol:`, checked "
-             f"against every composed paper-scale cell by tests/test_protocol_fidelity.py; departures declared in "
-             f"`rows/{c['row']}.yaml`)."]
-    if f["departures"]:
-        lines += ["", "| key | cells | ours | paper | why |", "|---|---|---|---|---|"]
-        lines += [f"| `{d.get('key')}` | `{d.get('cells', '*')}` | {d.get('ours')!r} | {d.get('paper')!r} | "
-                  f"{d.get('category')}: {d.get('reason')} |" for d in f["departures"]]
-    else:
-        lines += ["", "No declared departures."]
-    return lines
 
 
 def paper_progress(c: dict) -> dict:
@@ -565,52 +376,6 @@ def paper_progress(c: dict) -> dict:
             "within": sum(1 for v in verdicts.values() if v and "outside" not in v),
             "outside": sum(1 for v in verdicts.values() if "outside" in v),
             "no_spread": sum(1 for v in verdicts.values() if not v), "numbers_lost": bool(c.get("ours_only"))}
-
-
-def progress_sentence(pr: dict) -> str:
-    """``7/20 cells done: 5 within the paper's spread, 2 outside`` (what STATUS.md and the comparison say)."""
-    s = f"{pr['done']}/{pr['cells']} cells done"
-    if pr["numbers_lost"]:
-        return s + " (the paper's numbers are lost: no verdicts)"
-    if pr["done"]:
-        s += f": {pr['within']} within the paper's spread, {pr['outside']} outside"
-        s += f", {pr['no_spread']} without a printed spread" if pr["no_spread"] else ""
-    return s
-
-
-def _cells_markdown(table: list[dict], title: str, intro: str) -> list[str]:
-    """Cell x metric table of our runs (mean ± std over seeds)."""
-    metrics = list(dict.fromkeys(r["metric"] for r in table))
-    units = {r["metric"]: r["unit"] for r in table}
-    by = {(r["cell"], r["metric"]): r for r in table}
-    lines = ["", f"## {title}", "", intro + " Mean ± std over seeds (ddof 1), n = seeds.", "",
-             "| cell | " + " | ".join(m + (f" ({units[m]})" if units[m] else "") for m in metrics) + " | state |",
-             "|---|" + "---|" * (len(metrics) + 1)]
-    for cell in dict.fromkeys(r["cell"] for r in table):
-        rs = [by[(cell, m)] for m in metrics]
-        lines.append(f"| `{cell}` | " + " | ".join(_fmt(r["ours_mean"], r["ours_std"], r["ours_n"] or None, r["unit"])
-                                                  for r in rs)
-                     + f" | {rs[0]['state']}{' · at chance' if rs[0].get('at_chance') else ''} |")
-    return lines
-
-
-def _ours_only_markdown(c: dict) -> list[str]:
-    """A table whose paper numbers are lost: our cells x metrics, and the spec's pairs ranked within our runs."""
-    units = {r["metric"]: r["unit"] for r in c["table"]}
-    lines = _cells_markdown(c["table"], "Our cells", "The paper's numbers for this table are lost (see the paper "
-                            "file): there is no paper column, and our cells can only be ranked against each other.")
-    if c["direction"]:
-        lines += ["", "## Pairs within our runs (no paper numbers to agree with)", ""]
-        if any(d.get("undecided") for d in c["direction"]):
-            lines += ["Pairs marked 'at chance' rank nothing." + _CHANCE_NOTE, ""]
-        lines += [_noise_sentence(c["direction"]), "",
-                  "| method | vs | metric | ours better? | ours | beyond seed noise? |", "|---|---|---|---|---|---|"]
-        for d in c["direction"]:
-            better = (d["ours_better"] or "–") + (f" ({d['undecided']})" if d.get("undecided") else "")
-            lines.append(f"| `{d['cell']}` | `{d['vs']}` | {d['metric']} | {better} | "
-                         f"{_fmt(d['ours'][0], unit=units[d['metric']])} vs "
-                         f"{_fmt(d['ours'][1], unit=units[d['metric']])} | {d.get('beyond_noise') or '–'} |")
-    return lines
 
 
 def finished_runs(comparison: dict) -> int:
@@ -635,45 +400,3 @@ def archive_row(row, scale: str, out: Path, root: Path | None = None) -> int:
             reused = os.readlink(d) if d.is_symlink() else None
             n += archive.archive_run(d, archive.record_dir(root, row.row, scale, cell.id, seed), reused)
     return n
-
-
-def write_comparison(row: Row, scale: str, out: Path | None = None, dest: Path | None = None,
-                     force: bool = False) -> Path:
-    """Write ``results/reproduce/<row>/<scale>.json`` (always) and ``<scale>.md`` (not for smoke), with the
-    figures the row's analysis produced copied beside the Markdown. First every finished run is archived as a
-    committed record (``<dest>/<scale>/runs/``, flatbnn/reproduce/archive.py), which stands in for any run dir
-    that is gone: a later session adds seeds to the same table. A comparison built from fewer finished runs
-    than the one already there (an interrupted rerun, a row whose earlier runs have no records) does not
-    replace it unless ``force``: the existing one is kept and a line says so."""
-    dest = Path(dest or RESULTS_ROOT / row.row)
-    archive_root = dest.parent
-    archive_row(row, scale, Path(out or OUTPUT_ROOT / row.row / scale), archive_root)
-    c = build(row, scale, out, archive_root)
-    existing = dest / f"{scale}.json"
-    if existing.exists() and not force:
-        try:
-            before = finished_runs(json.loads(existing.read_text()))
-        except (OSError, ValueError):
-            before = 0
-        if before > finished_runs(c):
-            print(f"compare {row.row} ({scale}): kept {existing.with_suffix('.md' if scale != 'smoke' else '.json')} "
-                  f"({before} finished runs); this build has only {finished_runs(c)} (the others' run dirs and "
-                  f"records are not here): not replaced (--force replaces it)", file=sys.stderr)
-            return existing.with_suffix(".md") if scale != "smoke" else existing
-    dest.mkdir(parents=True, exist_ok=True)
-    if any(st == "done" for cell in c["jobs"].values() for st in cell.values()):
-        Path(c["out"]).mkdir(parents=True, exist_ok=True)  # records only (a fresh clone): figures still drawn
-    if Path(c["out"]).exists():  # the spec's compare.figures (curves / sweeps) drawn from the runs themselves
-        from flatbnn.reproduce.figures import draw_figures
-        try:
-            draw_figures(row, scale, Path(c["out"]), archive_root)
-        except (ValueError, OSError) as e:  # a figure must not cost the comparison table: say so, go on
-            print(f"compare {row.row} ({scale}): figure not drawn: {' '.join(str(e).split())[:300]}", file=sys.stderr)
-    pngs = sorted(Path(c["out"]).glob("*.png")) if Path(c["out"]).exists() else []
-    if scale != "smoke":
-        for p in pngs:
-            shutil.copyfile(p, dest / f"{scale}_{p.name}")
-        c["figures"] = [str(dest / f"{scale}_{p.name}") for p in pngs]
-        write_text(dest / f"{scale}.md", to_markdown(c))
-    write_json(dest / f"{scale}.json", c)
-    return dest / (f"{scale}.md" if scale != "smoke" else f"{scale}.json")

@@ -11,7 +11,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from flatbnn.engine.checkpoint import write_text
-from flatbnn.reproduce.compare import RESULTS_ROOT
+from flatbnn.reproduce.compare import RESULTS_ROOT, paper_progress
+from flatbnn.reproduce.compare_markdown import progress_sentence
 from flatbnn.reproduce.protocol import fidelity_summary
 from flatbnn.reproduce.spec import PAPER_DIR, REPO, SCALES, SpecError, list_rows, load_paper_data, load_row
 
@@ -87,8 +88,6 @@ def _cpu_hours(c: dict) -> str:
 
 def _paper_progress(c: dict) -> str:
     """Paper-scale progress of a row: cells done / total and their verdicts (compare.paper_progress)."""
-    from flatbnn.reproduce.compare import paper_progress, progress_sentence
-
     return progress_sentence(paper_progress(c))
 
 
@@ -100,8 +99,6 @@ def _paper_cells(row) -> int:
 
 def _paper_headline() -> str:
     """The board's first line: paper-scale cells with all seeds in, and their verdicts, over every row."""
-    from flatbnn.reproduce.compare import paper_progress
-
     total = {"cells": 0, "done": 0, "within": 0, "outside": 0, "no_spread": 0}
     rows = 0
     for name in list_rows():

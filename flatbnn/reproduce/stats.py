@@ -1,0 +1,126 @@
+"""Statistics over seeds: summaries (mean, std, sem, confidence interval) and the two t-tests of "beyond seed noise".
+
+One policy for values that are not numbers, used by every table (aggregate.py's rows, compare.py's cells):
+
+    NaN policy: a seed whose value is NaN, inf or missing is LEFT OUT of the mean, std, sem, interval and of every
+    test, and COUNTED (``n_nonfinite``); a table prints the count beside the number, never a bare mean. With no
+    finite value the mean is None (printed ``nan``). ``n`` is the number of finite values the numbers are over.
+
+(:data:`NAN_POLICY` is that sentence for the tables' notes.) Why not "any NaN makes the cell NaN": one diverged
+seed of five would hide the other four, and the table would not say which metric diverged how often. Why not drop
+silently: a mean over the survivors is biased toward the seeds that converged, so the reader must see how many did
+not.
+
+Mean and std come from :mod:`statistics` (``fmean``, ``stdev``: ddof = 1, correctly rounded, so committed tables
+stay bit-identical); quantiles and tests from :mod:`scipy.stats` (``t.interval``, ``ttest_rel``,
+``ttest_ind_from_stats(equal_var=False)``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Iterable
+
+from scipy import stats as sps
+
+NAN_POLICY = ("a seed whose value is NaN / inf / missing is left out of the mean, std and tests and counted beside "
+              "the number ([k/N non-finite])")
+
+
+def is_finite(v) -> bool:
+    """A real number that is not NaN / inf (bools are not numbers here)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+@dataclass(frozen=True)
+class SeedStats:
+    """Summary of one metric over seeds, under the NaN policy above."""
+    n: int                 # finite values the numbers are over
+    n_nonfinite: int       # NaN / inf / missing values left out
+    mean: float | None     # None when n = 0
+    std: float | None      # sample std (ddof = 1); None when n < 2
+
+    @property
+    def sem(self) -> float | None:
+        """Standard error of the mean, std / sqrt(n)."""
+        return None if self.std is None else self.std / math.sqrt(self.n)
+
+    def interval(self, level: float = 0.95) -> tuple[float, float] | None:
+        """Two-sided Student-t confidence interval of the mean (n - 1 dof); None when n < 2."""
+        if self.std is None:
+            return None
+        if self.std == 0.0:
+            return self.mean, self.mean
+        lo, hi = sps.t.interval(level, self.n - 1, loc=self.mean, scale=self.sem)
+        return float(lo), float(hi)
+
+    def nonfinite_note(self) -> str:
+        return nonfinite_note(self.n, self.n_nonfinite)
+
+
+def nonfinite_note(n: int, n_nonfinite: int) -> str:
+    """`` [k/N non-finite]`` when k of N seeds were left out, else empty: what every table prints beside a number."""
+    return f" [{n_nonfinite}/{n + n_nonfinite} non-finite]" if n_nonfinite else ""
+
+
+def seed_stats(values: Iterable) -> SeedStats:
+    """:class:`SeedStats` of ``values`` (one per seed; NaN / inf / None are left out and counted)."""
+    values = list(values)
+    finite = [v for v in values if is_finite(v)]
+    n = len(finite)
+    return SeedStats(n=n, n_nonfinite=len(values) - n, mean=statistics.fmean(finite) if n else None,
+                     std=statistics.stdev(finite) if n > 1 else None)
+
+
+@dataclass(frozen=True)
+class TTest:
+    """A two-sided t-test of a difference of means: the difference, its standard error, t, dof and p."""
+    diff: float
+    se: float
+    t: float
+    df: float
+    p: float
+
+    def beyond(self, alpha: float) -> bool:
+        """Is the difference significant at two-sided level ``alpha`` (p < alpha, i.e. |t| > t_(1-alpha/2, df))?"""
+        return self.p < alpha
+
+
+def _degenerate(diff: float, se: float, df: float) -> TTest:
+    # zero spread on both sides: scipy returns t = inf / nan with a warning; the same answer, said outright -- any
+    # difference is beyond noise that does not exist, no difference is not
+    return TTest(diff, se, math.copysign(math.inf, diff) if diff else 0.0, df, 0.0 if diff else 1.0)
+
+
+def paired_ttest(x: list[float], y: list[float]) -> TTest:
+    """Paired t-test of mean(x - y) = 0 over matched seeds (``scipy.stats.ttest_rel``): se = sd(d) / sqrt(n),
+    n - 1 dof. Needs 2+ pairs of finite values (the caller drops the rest, as the NaN policy says)."""
+    if len(x) != len(y) or len(x) < 2:
+        raise ValueError(f"paired t-test needs 2+ matched pairs, got {len(x)} and {len(y)} values")
+    d = [a - b for a, b in zip(x, y)]
+    diff, se, df = statistics.fmean(d), statistics.stdev(d) / math.sqrt(len(d)), len(d) - 1
+    if se == 0.0:
+        return _degenerate(diff, se, df)
+    res = sps.ttest_rel(x, y)
+    return TTest(diff, se, float(res.statistic), df, float(res.pvalue))
+
+
+def welch_ttest(a: SeedStats, b: SeedStats) -> TTest:
+    """Welch's unequal-variance t-test of mean(a) = mean(b) from the two summaries
+    (``scipy.stats.ttest_ind_from_stats(equal_var=False)``, the same test as ``ttest_ind(equal_var=False)`` on the
+    values): se = sqrt(s_a^2/n_a + s_b^2/n_b), Welch-Satterthwaite dof (reported; scipy does not return it).
+    Needs a std on both sides (2+ finite values each)."""
+    if a.std is None or b.std is None:
+        raise ValueError(f"Welch t-test needs 2+ finite values on each side, got n = {a.n} and {b.n}")
+    va, vb = a.std ** 2 / a.n, b.std ** 2 / b.n
+    diff, se = a.mean - b.mean, math.sqrt(va + vb)
+    if se == 0.0:
+        return _degenerate(diff, se, a.n + b.n - 2)
+    df = (va + vb) ** 2 / (va ** 2 / (a.n - 1) + vb ** 2 / (b.n - 1))
+    res = sps.ttest_ind_from_stats(a.mean, a.std, a.n, b.mean, b.std, b.n, equal_var=False)
+    return TTest(diff, se, float(res.statistic), df, float(res.pvalue))
+
+
+__all__ = ["NAN_POLICY", "SeedStats", "TTest", "is_finite", "nonfinite_note", "seed_stats", "paired_ttest", "welch_ttest"]

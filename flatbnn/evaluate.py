@@ -156,7 +156,8 @@ def evaluate_run(run: Path, args: list[str], name: str | None = None) -> dict | 
     from flatbnn.engine import distributed as D
     from flatbnn.engine.backprop import set_global_rng_state
     from flatbnn.engine.checkpoint import load_checkpoint, write_json
-    from flatbnn.engine.run import _reliability, build, final_evaluate, results_meta
+    from flatbnn.engine.build import build
+    from flatbnn.engine.results import _reliability, final_evaluate, results_meta
 
     t0 = time.perf_counter()
     config = run / ".hydra" / "config.yaml"

@@ -80,7 +80,7 @@ def load_run(path, device: str | None = None) -> Run:
     from omegaconf import OmegaConf
 
     from flatbnn.engine.checkpoint import load_checkpoint
-    from flatbnn.engine.run import build
+    from flatbnn.engine.build import build
 
     path = Path(path)
     cfg_file, ckpt_file = path / ".hydra" / "config.yaml", path / "checkpoints" / "last.pt"

@@ -64,7 +64,7 @@ def test_resume_accepts_watching_keys_and_refuses_a_finished_run_without_checkpo
     assert again["metrics"]["nll"] == pytest.approx(ref["metrics"]["nll"], rel=1e-6)
     assert again["meta"]["budget"]["steps"] == ref["meta"]["budget"]["steps"] == 4
     # a finished run without a checkpoint is still protected (config_resolved.yaml is the reference)
-    from flatbnn.engine.run import ResumeConfigMismatch
+    from flatbnn.engine.run_dir import ResumeConfigMismatch
     run_cfg(args + ["trainer.checkpoint_every=0"], tmp_path / "b")
     before = (tmp_path / "b" / "results.json").read_bytes()
     with pytest.raises(ResumeConfigMismatch, match="seed: 0 -> 1"):

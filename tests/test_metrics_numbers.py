@@ -86,7 +86,7 @@ def test_reliability_label_is_the_results_ece(tmp_path, monkeypatch):
     """run.py's diagram is drawn with results.json's binning: its legend ECE is results' ece."""
     pytest.importorskip("matplotlib")
     import flatbnn.metrics.reliability as rel
-    from flatbnn.engine.run import _reliability
+    from flatbnn.engine.results import _reliability
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(300, 10, generator=g) * 3

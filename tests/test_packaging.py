@@ -81,7 +81,7 @@ def test_a_missing_matplotlib_fails_the_diagram_instead_of_skipping_it(tmp_path,
 
     import torch
 
-    from flatbnn.engine.run import _reliability
+    from flatbnn.engine.results import _reliability
     from flatbnn.metrics.evaluate import EvalConfig
 
     probs, targets = torch.tensor([[0.8, 0.2], [0.3, 0.7]]), torch.tensor([0, 1])

@@ -157,7 +157,7 @@ def evaluate_run(run: Path, args: list[str], name: str | None = None) -> dict | 
     from flatbnn.engine.backprop import set_global_rng_state
     from flatbnn.engine.checkpoint import load_checkpoint, write_json
     from flatbnn.engine.build import build
-    from flatbnn.engine.results import _reliability, final_evaluate, results_meta
+    from flatbnn.engine.results import final_evaluate, results_meta, save_reliability_diagram
 
     t0 = time.perf_counter()
     config = run / ".hydra" / "config.yaml"
@@ -202,7 +202,7 @@ def evaluate_run(run: Path, args: list[str], name: str | None = None) -> dict | 
         results = {"metrics": metrics, "meta": meta}
         write_json(out / "results.json", results)
         if cfg.trainer.get("reliability_diagram", False):
-            _reliability(predictive["test"].exp(), b.test_targets, out / "reliability.png", b.eval_cfg)
+            save_reliability_diagram(predictive["test"].exp(), b.test_targets, out / "reliability.png", b.eval_cfg)
         shown = {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float) and k != "eval_seconds"}
         print(f"{out / 'results.json'}: num_samples={metrics['num_samples']} {shown}")
     D.barrier(b.info)

@@ -4,6 +4,7 @@ nothing behind."""
 
 import errno
 import json
+import math
 import os
 import signal
 import socket
@@ -88,6 +89,20 @@ def test_resume_override_applies_the_new_lr_to_the_restored_optimizer(tmp_path):
                                                                             "trainer.epochs": [1, 2]}}]
     with pytest.raises(ValueError, match="optimizer.lrr is not a config key"):
         run_cfg(args + ["trainer.epochs=2", "trainer.resume_overrides=[optimizer.lrr]"], tmp_path)
+
+
+def test_resume_override_of_the_schedule_shape_continues_this_configs_schedule_at_the_restored_step(tmp_path):
+    """Cosine, 4 steps/epoch: a 1-epoch run resumed with trainer.epochs=3 and another final_factor must go on with
+    the lr a fresh 3-epoch run of the new config has at steps 8 and 12 (the old 1-epoch schedule has decayed to
+    0 there; a schedule rebuilt one step off gives other values)."""
+    new = ["trainer.epochs=3", "scheduler.final_factor=0.5"]
+    run_cfg(SMALL + ["trainer.epochs=1"], tmp_path / "resumed")
+    run_cfg(SMALL + new + ["trainer.resume_overrides=[trainer.epochs,scheduler.final_factor]"], tmp_path / "resumed")
+    run_cfg(SMALL + new, tmp_path / "fresh")
+    resumed, fresh = ([json.loads(x)["lr"] for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+                      for d in ("resumed", "fresh"))
+    assert resumed[0] == 0.0 and fresh[0] > 0  # epoch 1 of the 1-epoch run ends at its final lr
+    assert resumed[1:] == fresh[1:] == [pytest.approx(0.05 * (0.5 + 0.25 * (1 + math.cos(2 * math.pi / 3)))), 0.025]
 
 
 # ------------------------------------------------------------------ 3. one process per run dir

@@ -65,7 +65,8 @@ def results_meta(b: Built, *, steps: int, train_seconds: float, wall_seconds: fl
     }
 
 
-def _reliability(probs, targets, path, eval_cfg: EvalConfig):
+def save_reliability_diagram(probs, targets, path, eval_cfg: EvalConfig):
+    """The run's reliability.png (train.py's and evaluate.py's), binned as results.json's ece."""
     # matplotlib is a declared dependency: a run asked for the diagram (trainer.reliability_diagram) gets it or fails
     from flatbnn.metrics.reliability import reliability_diagram
     # the binning of results.json's ece, so the diagram's ECE label is that number

@@ -23,9 +23,9 @@ from flatbnn.engine.compiling import save_compile_cache
 from flatbnn.engine.loggers import JsonlLogger
 from flatbnn.engine.provenance import git_commit
 from flatbnn.engine.report import RunReport, report_final, report_start
-from flatbnn.engine.results import _reliability, final_evaluate, results_meta
-from flatbnn.engine.run_dir import (Claim, _apply_resume_overrides, _optimizer_snapshot, _steps_changed,
-                                    claim_run_dir, finished_results, move_aside_earlier_outputs)
+from flatbnn.engine.results import final_evaluate, results_meta, save_reliability_diagram
+from flatbnn.engine.run_dir import (Claim, apply_resume_overrides, claim_run_dir, finished_results,
+                                    move_aside_earlier_outputs, optimizer_snapshot, steps_changed)
 from flatbnn.engine.trainer import Trainer
 from flatbnn.metrics.evaluate import evaluate
 
@@ -73,10 +73,10 @@ def _train_and_evaluate(b: Built, claim: "Claim", t_start: float, git_start: dic
             method, b.flatness, b.backprop, log=lambda line: info.is_main and print(line, file=sys.stderr))
     ckpt = b.resume_ckpt
     if ckpt is not None:
-        fresh = _optimizer_snapshot(method)  # this config's hyperparameters, before the checkpoint's replace them
+        fresh = optimizer_snapshot(method)  # this config's hyperparameters, before the checkpoint's replace them
         trainer.restore(claim.state, method, b.backprop, b.generator, path=ckpt, steps_per_epoch=b.steps_per_epoch,
-                        schedule_changed=_steps_changed(claim.state, claim.changes))
-        _apply_resume_overrides(method, fresh, list(claim.changes))
+                        schedule_changed=steps_changed(claim.state, claim.changes))
+        apply_resume_overrides(method, fresh, list(claim.changes))
         if info.is_main:  # the numbering of the stop line: epoch (1-based) in progress, steps done in it
             where = (f"after its {trainer.epoch} epochs (the final evaluation)" if trainer.epoch >= b.total_epochs
                      else f"at epoch {trainer.epoch + 1}, step {trainer.step_in_epoch} of {b.steps_per_epoch}")
@@ -139,7 +139,7 @@ def _train_and_evaluate(b: Built, claim: "Claim", t_start: float, git_start: dic
             lg.log_results(results)
             lg.finish()
         if tc.reliability_diagram:
-            _reliability(predictive["test"].exp(), b.test_targets, run_dir / "reliability.png", b.eval_cfg)
+            save_reliability_diagram(predictive["test"].exp(), b.test_targets, run_dir / "reliability.png", b.eval_cfg)
     D.barrier(info)
     D.cleanup(info)
     return results

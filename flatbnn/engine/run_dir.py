@@ -3,7 +3,7 @@
 :func:`claim_run_dir` locks the run dir and checks that the run it resumes was started with this config (up to
 :data:`RESUME_EXEMPT` and ``trainer.resume_overrides``); :func:`finished_results` says when a rerun has nothing
 to do; :func:`move_aside_earlier_outputs` keeps an earlier run's outputs from standing beside a new run's;
-:func:`_apply_resume_overrides` writes the deliberately changed values into the restored optimiser / schedule.
+:func:`apply_resume_overrides` writes the deliberately changed values into the restored optimiser / schedule.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 import math
 import os
 import sys
-import types
+import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,7 +37,7 @@ from flatbnn.utils import flatten  # {'a': {'b': 1}} -> {'a.b': 1}
 # label); listing the key in trainer.resume_overrides applies the change deliberately instead.
 RESUME_EXEMPT = keyroles.declared("resume_may_change")
 # Keys whose change alters the lr schedule's shape: a resume applying one rebuilds the schedule (at the
-# current step) instead of restoring the old one's parameters
+# current step) instead of restoring the old one
 _SCHEDULE_KEYS = ("trainer.epochs", "trainer.limit_train_batches", "scheduler")
 _HYDRA_FILES = ("config.yaml", "overrides.yaml", "hydra.yaml")
 # keys whose change alters the steps per epoch (a checkpoint's position is then checked against epochs only)
@@ -106,7 +106,7 @@ def claim_run_dir(b: Built) -> Claim:
         state = load_checkpoint(b.resume_ckpt) if b.resume_ckpt is not None else None
         if state is not None:  # structure and position, before anything is written or moved
             problem = checkpoint_problem(state, info.world_size) or position_problem(
-                state, b.total_epochs, b.steps_per_epoch, _steps_changed(state, config_changes(
+                state, b.total_epochs, b.steps_per_epoch, steps_changed(state, config_changes(
                     state.get("config"), OmegaConf.to_container(cfg, resolve=True)) if state.get("config") else {}))
             if problem is not None:
                 raise CheckpointError(f"{b.resume_ckpt}: {problem}; delete it to start over, or set "
@@ -178,7 +178,7 @@ def _restore_hydra_files(run_dir: Path) -> None:
             write_bytes(hydra_dir / name, (kept / name).read_bytes())
 
 
-def _steps_changed(state: dict, changes: dict) -> bool:
+def steps_changed(state: dict, changes: dict) -> bool:
     """Did this resume, or an earlier one of the run, change the steps per epoch (resume_overrides)?"""
     changed = list(changes) + [k for h in (state.get("resume_changes") or []) for k in h.get("changes", {})]
     return any(_covered(k, _STEP_KEYS) for k in changed)
@@ -221,27 +221,26 @@ def move_aside_earlier_outputs(run_dir: Path, *, resuming: bool) -> Path | None:
     return aside
 
 
-def _optimizer_snapshot(method) -> dict | None:
-    """The freshly built optimiser's hyperparameters and schedule parameters (this run's config)."""
-    opt, sched = getattr(method, "optimizer", None), getattr(method, "scheduler", None)
+def optimizer_snapshot(method) -> list[dict] | None:
+    """The freshly built optimiser's hyperparameters per param group (this run's config), before a checkpoint's
+    replace them."""
+    opt = getattr(method, "optimizer", None)
     if opt is None:
         return None
-    lambdas = [copy.deepcopy(fn.__dict__) if not isinstance(fn, types.FunctionType) else None
-               for fn in getattr(sched, "lr_lambdas", [])]
-    return {"groups": [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in opt.param_groups],
-            "lambdas": lambdas}
+    return [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in opt.param_groups]
 
 
-def _apply_resume_overrides(method, fresh: dict | None, keys: list[str]) -> None:
+def apply_resume_overrides(method, fresh: list[dict] | None, keys: list[str]) -> None:
     """Write the values of ``trainer.resume_overrides`` that live in the restored optimiser / schedule
     into them: ``optimizer.<field>`` or ``method.<field>`` sets that param-group field (lr: the schedule's
-    base lr, the current lr rescaled to it); a schedule-shaping key keeps this config's schedule at the
-    restored step. Other keys take effect where the run reads them from the config (flatness.*, ...)."""
+    base lr, the current lr rescaled to it); a schedule-shaping key (``_SCHEDULE_KEYS``) replaces the restored
+    schedule by this config's at the restored step (:func:`rebuild_schedule`). Other keys take effect where the
+    run reads them from the config (flatness.*, ...)."""
     opt, sched = getattr(method, "optimizer", None), getattr(method, "scheduler", None)
-    if not keys or fresh is None or opt is None or len(fresh["groups"]) != len(opt.param_groups):
+    if not keys or fresh is None or opt is None or len(fresh) != len(opt.param_groups):
         return
     fields = {k.rsplit(".", 1)[-1] for k in keys if k.startswith(("optimizer.", "method."))}
-    for group, new in zip(opt.param_groups, fresh["groups"]):
+    for group, new in zip(opt.param_groups, fresh):
         for field in fields - {"lr"}:
             if field in group and field in new:
                 group[field] = new[field]
@@ -252,12 +251,23 @@ def _apply_resume_overrides(method, fresh: dict | None, keys: list[str]) -> None
                 group["initial_lr"] = new0
     if sched is None or not hasattr(sched, "base_lrs"):
         return
-    if "lr" in fields:
+    if any(_covered(k, _SCHEDULE_KEYS) for k in keys):
+        rebuild_schedule(method, sched.last_epoch)
+    elif "lr" in fields:
         sched.base_lrs = [g.get("initial_lr", g["lr"]) for g in opt.param_groups]
-    if any(_covered(k, _SCHEDULE_KEYS) for k in keys) and hasattr(sched, "lr_lambdas"):
-        for fn, d in zip(sched.lr_lambdas, fresh["lambdas"]):
-            if d is not None:
-                fn.__dict__.update(d)
-        for g, base, fn in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas):
-            g["lr"] = base * fn(sched.last_epoch)
-    sched._last_lr = [g["lr"] for g in opt.param_groups]
+        sched._last_lr = [g["lr"] for g in opt.param_groups]
+
+
+def rebuild_schedule(method, step: int) -> None:
+    """Replace ``method``'s restored lr schedule (the shape of the config the run was started with) by this
+    config's, at ``step`` steps: the method builds it as in a fresh run (``attach_scheduler``: the ``scheduler``
+    group, or the method's own), from each group's base lr (``initial_lr``), and it is stepped ``step`` times. A
+    schedule is a function of the step, so the lr is then the one a fresh run of this config has at ``step``
+    -- for any torch scheduler, also one whose next lr is computed from the last."""
+    for g in method.optimizer.param_groups:
+        g["lr"] = g.get("initial_lr", g["lr"])  # where a fresh optimiser starts
+    method.attach_scheduler()
+    with warnings.catch_warnings():  # torch's "stepped before optimizer.step()": a replay, no training step is skipped
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+        for _ in range(step):
+            method.scheduler.step()

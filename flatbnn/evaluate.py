@@ -10,7 +10,7 @@ keys only (the predict and runtime roles declared in ``flatbnn/keyroles.py``: pr
 such as ``method.num_samples`` / ``method.scale``, ``metrics.*``, the test / OOD / shifted test sets, data
 paths, eval batch size, device); a key that shapes the trained weights (``optimizer.lr``, ``model.*``,
 ``seed``, ``trainer.epochs``, ...) is refused -- rebuilds data, model and method with train.py's builder
-(``flatbnn.engine.run.build``), restores the method from ``RUN/checkpoints/last.pt`` (which must be the
+(``flatbnn.engine.build.build``), restores the method from ``RUN/checkpoints/last.pt`` (which must be the
 final one) and writes ``RUN/eval/<name>/results.json``: train.py's structure plus ``meta.evaluated_from``
 (run, checkpoint, overrides). ``<name>`` is ``eval.name=...``, else a short hash of the overrides
 (``default`` without any). The run's own results.json is never touched. With no overrides the metrics

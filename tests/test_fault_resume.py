@@ -244,3 +244,33 @@ def test_results_name_the_commit_each_process_started_with_not_the_one_at_the_en
     res = run_cfg(SMALL + ["trainer.epochs=2", "trainer.resume_overrides=[trainer.epochs]"], tmp_path)
     assert res["meta"]["git"] == {"commit": "aaa", "dirty": False}
     assert [(g["global_step"], g["commit"]) for g in res["meta"]["git_segments"]] == [(0, "aaa"), (4, "ccc")]
+
+
+def test_rebuilt_schedule_is_a_fresh_runs_also_for_a_scheduler_whose_next_lr_depends_on_the_last():
+    """engine/run_dir.py rebuilds through the method's attach_scheduler and steps it to the restored step: the lr
+    is a fresh run's for torch's recursive schedulers too (CosineAnnealingLR), not only for LambdaLR."""
+    from types import SimpleNamespace
+
+    from flatbnn.engine.run_dir import rebuild_schedule
+
+    def trained(total_steps, steps):  # a method's optimiser and schedule (total_steps: its config) after `steps`
+        m = SimpleNamespace(optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1),
+                            total_steps=total_steps)
+        m.attach_scheduler = lambda: setattr(m, "scheduler", torch.optim.lr_scheduler.CosineAnnealingLR(
+            m.optimizer, T_max=m.total_steps))
+        m.attach_scheduler()
+        for _ in range(steps):
+            m.optimizer.step()
+            m.scheduler.step()
+        return m
+
+    resumed, fresh = trained(total_steps=4, steps=3), trained(total_steps=12, steps=3)
+    resumed.total_steps = 12  # resumed under the new config
+    rebuild_schedule(resumed, resumed.scheduler.last_epoch)
+    assert resumed.scheduler.last_epoch == 3
+    assert resumed.optimizer.param_groups[0]["lr"] == fresh.optimizer.param_groups[0]["lr"] != 0.1
+    for _ in range(5):  # and it goes on as the fresh one
+        for m in (resumed, fresh):
+            m.optimizer.step()
+            m.scheduler.step()
+    assert resumed.optimizer.param_groups[0]["lr"] == fresh.optimizer.param_groups[0]["lr"]

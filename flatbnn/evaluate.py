@@ -10,7 +10,7 @@ keys only (the predict and runtime roles declared in ``flatbnn/keyroles.py``: pr
 such as ``method.num_samples`` / ``method.scale``, ``metrics.*``, the test / OOD / shifted test sets, data
 paths, eval batch size, device); a key that shapes the trained weights (``optimizer.lr``, ``model.*``,
 ``seed``, ``trainer.epochs``, ...) is refused -- rebuilds data, model and method with train.py's builder
-(``flatbnn.engine.run.build``), restores the method from ``RUN/checkpoints/last.pt`` (which must be the
+(``flatbnn.engine.build.build``), restores the method from ``RUN/checkpoints/last.pt`` (which must be the
 final one) and writes ``RUN/eval/<name>/results.json``: train.py's structure plus ``meta.evaluated_from``
 (run, checkpoint, overrides). ``<name>`` is ``eval.name=...``, else a short hash of the overrides
 (``default`` without any). The run's own results.json is never touched. With no overrides the metrics
@@ -156,7 +156,8 @@ def evaluate_run(run: Path, args: list[str], name: str | None = None) -> dict | 
     from flatbnn.engine import distributed as D
     from flatbnn.engine.backprop import set_global_rng_state
     from flatbnn.engine.checkpoint import load_checkpoint, write_json
-    from flatbnn.engine.run import _reliability, build, final_evaluate, results_meta
+    from flatbnn.engine.build import build
+    from flatbnn.engine.results import final_evaluate, results_meta, save_reliability_diagram
 
     t0 = time.perf_counter()
     config = run / ".hydra" / "config.yaml"
@@ -201,7 +202,7 @@ def evaluate_run(run: Path, args: list[str], name: str | None = None) -> dict | 
         results = {"metrics": metrics, "meta": meta}
         write_json(out / "results.json", results)
         if cfg.trainer.get("reliability_diagram", False):
-            _reliability(predictive["test"].exp(), b.test_targets, out / "reliability.png", b.eval_cfg)
+            save_reliability_diagram(predictive["test"].exp(), b.test_targets, out / "reliability.png", b.eval_cfg)
         shown = {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float) and k != "eval_seconds"}
         print(f"{out / 'results.json'}: num_samples={metrics['num_samples']} {shown}")
     D.barrier(b.info)

@@ -2,7 +2,7 @@
 
 Three tools ask the same question of a dotted config key (``trainer.eval_batch_size``):
 
-* a resume (``flatbnn.engine.run.config_changes``): may the rerun change it without ``trainer.resume_overrides``?
+* a resume (``flatbnn.engine.run_dir.config_changes``): may the rerun change it without ``trainer.resume_overrides``?
 * the aggregation (``flatbnn.reproduce.aggregate``, also the reproduction runner's stale and reused runs): do two
   runs that differ in it belong to different rows, or are they seeds of one experiment?
 * ``evaluate.py``: may a re-evaluation of a finished run override it?

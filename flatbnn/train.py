@@ -48,7 +48,7 @@ def _join(cfg: DictConfig) -> Path:
     """Join the DDP process group (torchrun, or a multi-task submitit job) with the configured deadline;
     every rank gets rank 0's run dir (the others have none of their own)."""
     from flatbnn.engine import distributed as D
-    from flatbnn.engine.run import run_dir_from_hydra
+    from flatbnn.engine.build import run_dir_from_hydra
 
     D.export_submitit_env()
     info = D.init_distributed(D.resolve_device(cfg.trainer.device), cfg.trainer.get("dist_timeout_s"))
@@ -74,8 +74,9 @@ def _check_composition(cfg: DictConfig) -> None:
 @hydra.main(version_base="1.3", config_path=str(resources.CONFIGS_DIR), config_name="config")
 def main(cfg: DictConfig) -> float | None:
     from flatbnn.engine import preemption
+    from flatbnn.engine.build import run_dir_from_hydra
     from flatbnn.engine.distributed import dist_failure_line
-    from flatbnn.engine.run import run, run_dir_from_hydra
+    from flatbnn.engine.run import run
     from flatbnn.engine.trainer import Preempted
 
     results_path, before = None, None
@@ -120,7 +121,7 @@ def _failed(e: Exception, msg: str | None, dist_line: str | None, run_dir_from_h
     detail = traceback.format_exc()
     line = msg or f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
     from flatbnn.engine.checkpoint import RunDirLocked
-    from flatbnn.engine.run import ResumeConfigMismatch
+    from flatbnn.engine.run_dir import ResumeConfigMismatch
     # a refused member does not own its run dir (another process holds it, or it is another config's run):
     # it writes nothing there, the line below and the summary at the end say why
     owns_dir = not isinstance(e, (RunDirLocked, ResumeConfigMismatch))

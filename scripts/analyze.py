@@ -56,7 +56,7 @@ from flatbnn.engine.checkpoint import write_json, write_text  # noqa: E402
 class Run:
     path: Path
     cfg: object
-    built: object           # flatbnn.engine.run.Built
+    built: object           # flatbnn.engine.build.Built
     bundle: object
     method: object
     device: torch.device
@@ -73,14 +73,14 @@ def _label(cfg, results) -> str:
 
 
 def load_run(path, device: str | None = None) -> Run:
-    """Rebuild a finished run with train.py's builder (``flatbnn.engine.run.build``, as evaluate.py
+    """Rebuild a finished run with train.py's builder (``flatbnn.engine.build.build``, as evaluate.py
     does) and restore the method (weights + posterior state) from ``checkpoints/last.pt``. The
     training data are put at the last epoch (order and augmentation), as the run's final evaluation
     saw them, so BatchNorm refreshes of sampled weights (SWAG) see the same batches."""
     from omegaconf import OmegaConf
 
     from flatbnn.engine.checkpoint import load_checkpoint
-    from flatbnn.engine.run import build
+    from flatbnn.engine.build import build
 
     path = Path(path)
     cfg_file, ckpt_file = path / ".hydra" / "config.yaml", path / "checkpoints" / "last.pt"

@@ -130,7 +130,7 @@ def test_evaluate_refuses_an_unfinished_checkpoint(epoch, step, swag_run, tmp_pa
 
 # ---------------------------------------------------------------- trainer.init_from
 def _build(overrides, run_dir):
-    from flatbnn.engine.run import build
+    from flatbnn.engine.build import build
     return build(compose_cfg(overrides + ["trainer.progress=false"]), run_dir=run_dir)
 
 

@@ -4,6 +4,7 @@ nothing behind."""
 
 import errno
 import json
+import math
 import os
 import signal
 import socket
@@ -64,7 +65,7 @@ def test_resume_accepts_watching_keys_and_refuses_a_finished_run_without_checkpo
     assert again["metrics"]["nll"] == pytest.approx(ref["metrics"]["nll"], rel=1e-6)
     assert again["meta"]["budget"]["steps"] == ref["meta"]["budget"]["steps"] == 4
     # a finished run without a checkpoint is still protected (config_resolved.yaml is the reference)
-    from flatbnn.engine.run import ResumeConfigMismatch
+    from flatbnn.engine.run_dir import ResumeConfigMismatch
     run_cfg(args + ["trainer.checkpoint_every=0"], tmp_path / "b")
     before = (tmp_path / "b" / "results.json").read_bytes()
     with pytest.raises(ResumeConfigMismatch, match="seed: 0 -> 1"):
@@ -88,6 +89,20 @@ def test_resume_override_applies_the_new_lr_to_the_restored_optimizer(tmp_path):
                                                                             "trainer.epochs": [1, 2]}}]
     with pytest.raises(ValueError, match="optimizer.lrr is not a config key"):
         run_cfg(args + ["trainer.epochs=2", "trainer.resume_overrides=[optimizer.lrr]"], tmp_path)
+
+
+def test_resume_override_of_the_schedule_shape_continues_this_configs_schedule_at_the_restored_step(tmp_path):
+    """Cosine, 4 steps/epoch: a 1-epoch run resumed with trainer.epochs=3 and another final_factor must go on with
+    the lr a fresh 3-epoch run of the new config has at steps 8 and 12 (the old 1-epoch schedule has decayed to
+    0 there; a schedule rebuilt one step off gives other values)."""
+    new = ["trainer.epochs=3", "scheduler.final_factor=0.5"]
+    run_cfg(SMALL + ["trainer.epochs=1"], tmp_path / "resumed")
+    run_cfg(SMALL + new + ["trainer.resume_overrides=[trainer.epochs,scheduler.final_factor]"], tmp_path / "resumed")
+    run_cfg(SMALL + new, tmp_path / "fresh")
+    resumed, fresh = ([json.loads(x)["lr"] for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+                      for d in ("resumed", "fresh"))
+    assert resumed[0] == 0.0 and fresh[0] > 0  # epoch 1 of the 1-epoch run ends at its final lr
+    assert resumed[1:] == fresh[1:] == [pytest.approx(0.05 * (0.5 + 0.25 * (1 + math.cos(2 * math.pi / 3)))), 0.025]
 
 
 # ------------------------------------------------------------------ 3. one process per run dir
@@ -229,3 +244,33 @@ def test_results_name_the_commit_each_process_started_with_not_the_one_at_the_en
     res = run_cfg(SMALL + ["trainer.epochs=2", "trainer.resume_overrides=[trainer.epochs]"], tmp_path)
     assert res["meta"]["git"] == {"commit": "aaa", "dirty": False}
     assert [(g["global_step"], g["commit"]) for g in res["meta"]["git_segments"]] == [(0, "aaa"), (4, "ccc")]
+
+
+def test_rebuilt_schedule_is_a_fresh_runs_also_for_a_scheduler_whose_next_lr_depends_on_the_last():
+    """engine/run_dir.py rebuilds through the method's attach_scheduler and steps it to the restored step: the lr
+    is a fresh run's for torch's recursive schedulers too (CosineAnnealingLR), not only for LambdaLR."""
+    from types import SimpleNamespace
+
+    from flatbnn.engine.run_dir import rebuild_schedule
+
+    def trained(total_steps, steps):  # a method's optimiser and schedule (total_steps: its config) after `steps`
+        m = SimpleNamespace(optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1),
+                            total_steps=total_steps)
+        m.attach_scheduler = lambda: setattr(m, "scheduler", torch.optim.lr_scheduler.CosineAnnealingLR(
+            m.optimizer, T_max=m.total_steps))
+        m.attach_scheduler()
+        for _ in range(steps):
+            m.optimizer.step()
+            m.scheduler.step()
+        return m
+
+    resumed, fresh = trained(total_steps=4, steps=3), trained(total_steps=12, steps=3)
+    resumed.total_steps = 12  # resumed under the new config
+    rebuild_schedule(resumed, resumed.scheduler.last_epoch)
+    assert resumed.scheduler.last_epoch == 3
+    assert resumed.optimizer.param_groups[0]["lr"] == fresh.optimizer.param_groups[0]["lr"] != 0.1
+    for _ in range(5):  # and it goes on as the fresh one
+        for m in (resumed, fresh):
+            m.optimizer.step()
+            m.scheduler.step()
+    assert resumed.optimizer.param_groups[0]["lr"] == fresh.optimizer.param_groups[0]["lr"]

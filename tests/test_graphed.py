@@ -113,7 +113,7 @@ def test_eager_fallbacks_say_why_in_one_line(case, reason):
 
 
 def test_cuda_graph_is_refused_on_the_cpu_in_one_line(tmp_path):
-    from flatbnn.engine.run import build
+    from flatbnn.engine.build import build
     from helpers import compose_cfg
 
     cfg = compose_cfg(["dataset=digits", "model=mlp", "model.hidden=[8]", "trainer.device=cpu",

@@ -28,7 +28,7 @@ def test_graph_sees_lazy_imports() -> None:
     graph = _graph()
     assert "flatbnn.reproduce.launch" in graph["flatbnn.train"]
     assert "flatbnn.engine.run" in graph and len(graph) > 100
-    assert any(t.startswith("flatbnn.data") for t in graph["flatbnn.engine.run"])
+    assert any(t.startswith("flatbnn.data") for t in graph["flatbnn.engine.build"])
 
 
 def test_no_import_cycles() -> None:

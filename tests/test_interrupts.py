@@ -367,7 +367,7 @@ def test_a_yaml_syntax_error_is_file_line_column_and_a_yaml_list_experiment_is_r
 # ------------------------------------------------------------------ 15. m vs the smallest batch
 def test_m_larger_than_the_last_partial_batch_is_refused_before_any_step(tmp_path):
     from flatbnn.engine.validate import ConfigError
-    from flatbnn.engine.run import smallest_batch
+    from flatbnn.engine.build import smallest_batch
     assert smallest_batch(260, 64, 5) == 4 and smallest_batch(260, 64, 4) == 64 and smallest_batch(30, 64, 1) == 30
     with pytest.raises(ConfigError, match=r"flatness.m=8 exceeds the smallest batch of an epoch \(4 images"):
         run_cfg(SMALL + ["dataset.train_subset=260", "flatness=sam", "flatness.m=8", "trainer.epochs=1"], tmp_path)

@@ -11,7 +11,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from flatbnn import evaluate, keyroles
-from flatbnn.engine.run import RESUME_EXEMPT, config_changes
+from flatbnn.engine.run_dir import RESUME_EXEMPT, config_changes
 from flatbnn.reproduce.aggregate import IGNORED_KEYS, Run, config_key, group_runs
 from flatbnn.utils import flatten
 from helpers import CONFIGS, compose_cfg
@@ -144,7 +144,7 @@ def test_every_declared_key_exists_in_the_configs(config_keys):
 
 
 def test_the_derived_key_lists_say_what_the_roles_say(config_keys):
-    """run.RESUME_EXEMPT, aggregate.IGNORED_KEYS and evaluate.EVAL_KEYS (kept for their importers) cover a key
+    """run_dir.RESUME_EXEMPT, aggregate.IGNORED_KEYS and evaluate.EVAL_KEYS (kept for their importers) cover a key
     exactly when its role says so."""
     def covered(key, names):
         return any(key == n or key.startswith(n + ".") for n in names)

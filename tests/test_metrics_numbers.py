@@ -83,10 +83,10 @@ def test_nan_prediction_gives_null_metrics_not_an_exception(capsys):
 
 
 def test_reliability_label_is_the_results_ece(tmp_path, monkeypatch):
-    """run.py's diagram is drawn with results.json's binning: its legend ECE is results' ece."""
+    """The run's diagram (engine/results.py) is drawn with results.json's binning: its legend ECE is results' ece."""
     pytest.importorskip("matplotlib")
     import flatbnn.metrics.reliability as rel
-    from flatbnn.engine.run import _reliability
+    from flatbnn.engine.results import save_reliability_diagram
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(300, 10, generator=g) * 3
@@ -100,7 +100,7 @@ def test_reliability_label_is_the_results_ece(tmp_path, monkeypatch):
                                                                       ece_edges="strict")):
         results_ece = classification_metrics(lp, targets, ece_bins=cfg.ece_bins, ece_binning=cfg.ece_binning,
                                              ece_edges=cfg.ece_edges)["ece"]
-        _reliability(lp.exp(), targets, tmp_path / "r.png", cfg)
+        save_reliability_diagram(lp.exp(), targets, tmp_path / "r.png", cfg)
         title = figures[-1].axes[0].get_legend().get_title().get_text()
         assert title.startswith(f"ECE = {results_ece:.4f} ({cfg.ece_bins} {cfg.ece_binning} bins, "
                                 f"edges={cfg.ece_edges})"), title

@@ -46,7 +46,7 @@ def test_the_examples_sam_step_is_the_engines_to_the_last_bit(tmp_path):
     """Two Fisher-SAM steps (momentum, weight decay) of train.py's method.train_step and of the example's
     plain-loop sam_step on the same batches, from the same weights: every parameter bit-identical."""
     from flatbnn import Backprop, FisherSAM
-    from flatbnn.engine.run import build
+    from flatbnn.engine.build import build
 
     cfg = compose_cfg(["dataset=digits", "model=mlp", "method=map", "flatness=fsam", "scheduler=constant",
                        "trainer.progress=false"])

@@ -81,15 +81,15 @@ def test_a_missing_matplotlib_fails_the_diagram_instead_of_skipping_it(tmp_path,
 
     import torch
 
-    from flatbnn.engine.run import _reliability
+    from flatbnn.engine.results import save_reliability_diagram
     from flatbnn.metrics.evaluate import EvalConfig
 
     probs, targets = torch.tensor([[0.8, 0.2], [0.3, 0.7]]), torch.tensor([0, 1])
-    _reliability(probs, targets, tmp_path / "ok.png", EvalConfig())
+    save_reliability_diagram(probs, targets, tmp_path / "ok.png", EvalConfig())
     assert (tmp_path / "ok.png").stat().st_size > 0
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib...` now raises ImportError
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
     with pytest.raises(ImportError):
-        _reliability(probs, targets, tmp_path / "missing.png", EvalConfig())
+        save_reliability_diagram(probs, targets, tmp_path / "missing.png", EvalConfig())
     assert not (tmp_path / "missing.png").exists()

@@ -42,7 +42,7 @@ class HostReads(TorchDispatchMode):
 
 
 def _built(method: str, flatness: str, precision: str, tmp_path: Path, extra=()):
-    from flatbnn.engine.run import build
+    from flatbnn.engine.build import build
 
     over = [*extra, "dataset=digits", "model=mlp", "model.hidden=[16]", f"method={method}", *METHODS[method],
             "trainer.device=cpu", f"trainer.precision={precision}", "trainer.batch_size=16", "trainer.epochs=1",

@@ -90,7 +90,8 @@ class Method:
                              f"it cannot be composed with flatness={name}: use flatness=none")
 
     def attach_scheduler(self) -> None:
-        """The run's lr schedule over ``self.optimizer`` (every method's optimiser gets the same one)."""
+        """The run's lr schedule over ``self.optimizer`` (every method's optimiser gets the same one). The engine
+        calls it again on a resume that changes the schedule's shape (engine/run_dir.py: rebuild_schedule)."""
         ctx = self.ctx
         if ctx.scheduler_factory is not None:
             self.scheduler = ctx.scheduler_factory(

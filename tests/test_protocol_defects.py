@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flatbnn.methods import RunContext
-from flatbnn.methods.flat import unflatten
+from flatbnn.methods.param_vector import unflatten
 from flatbnn.reproduce.launch import compose_cell
 from flatbnn.reproduce.spec import load_row
 

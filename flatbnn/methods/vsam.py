@@ -41,7 +41,7 @@ import math
 import torch
 
 from flatbnn.methods.base import Method
-from flatbnn.methods.flat import copy_flat_, flatten, unflatten
+from flatbnn.methods.param_vector import copy_flat_, flatten, unflatten
 
 
 class VariationalSAM(Method):
@@ -89,7 +89,7 @@ class VariationalSAM(Method):
     # Every weight tensor's share is computed on ONE flat vector (torch.cat of the tensors). Per tensor, a
     # WRN-28-2 step made 12,513 aten calls (SAM: 5,229; now 5,645, CPU profiler), and a VSAM step cost 2.7x a
     # SAM step on an H200 (results/bench/), where small ops are launch-bound. Same values up to sum order.
-    # (flatbnn.methods.flat: the same helpers SWAG and the diagonal-Gaussian all-reduce use.)
+    # (flatbnn.methods.param_vector: the same helpers SWAG and the diagonal-Gaussian all-reduce use.)
     @torch.no_grad()
     def _ellipsoid(self, grads):
         """Flat g, flat M and sum g^2 / M^2."""

@@ -38,10 +38,12 @@ def _defined_at(path: str) -> str:
 
 
 def canonical_target(key: str, value: Any) -> Any:
-    """A config value as runs are compared by: a Hydra ``_target_`` (``key`` ends in ``_target_``) becomes where its
-    object is defined, so two spellings of one class are one config -- ``flatbnn.methods.SWAG`` (the package
-    re-export that configs used before they named modules) and ``flatbnn.methods.swag.SWAG``. Any other value, and a
-    target that does not import (a class since removed), is returned as it is."""
-    if isinstance(value, str) and key.rpartition(".")[2] == "_target_":
+    """A config value as runs are compared by: a Hydra ``_target_`` (``key`` ends in ``_target_``) naming one of
+    flatbnn's objects becomes where it is defined, so two spellings of one class are one config --
+    ``flatbnn.methods.SWAG`` (the package re-export that configs used before they named modules) and
+    ``flatbnn.methods.swag.SWAG``, the spelling configs use now. Any other value, another library's target (kept in
+    the public spelling its docs and the tables use: ``torch.optim.SGD``) and a target that does not import (a
+    class since removed) are returned as they are."""
+    if isinstance(value, str) and value.startswith("flatbnn.") and key.rpartition(".")[2] == "_target_":
         return _defined_at(value)
     return value

@@ -52,7 +52,9 @@ def test_canonical_target_is_where_the_object_is_defined():
     # not a target, or a target that no longer imports: compared as written
     assert canonical_target("method.name", "flatbnn.methods.SWAG") == "flatbnn.methods.SWAG"
     assert canonical_target("method._target_", "flatbnn.methods.Gone") == "flatbnn.methods.Gone"
-    assert canonical_target("method._target_", "no_such_package.X") == "no_such_package.X"
+    assert canonical_target("method._target_", "flatbnn.no_such_module.X") == "flatbnn.no_such_module.X"
+    # another library's target keeps its public spelling (what aggregate tables show: optimizer._target_=torch.optim.SGD)
+    assert canonical_target("optimizer._target_", "torch.optim.SGD") == "torch.optim.SGD"
 
 
 def test_a_run_saved_with_the_package_path_resumes_under_the_module_path(tmp_path):

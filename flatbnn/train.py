@@ -23,7 +23,8 @@ from flatbnn.cli import (EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_PREEMPTED, exit_if_
 
 
 def _nonzero_rank_overrides() -> None:
-    """Under torchrun only rank 0 owns a Hydra run dir; the others write nothing (PITFALLS: hydra#2070).
+    """Under torchrun only rank 0 owns a Hydra run dir; the others write nothing (a run dir
+    resolved in each process, e.g. from ``${now:}``, makes one dir per rank: hydra#2070).
     The engine broadcasts rank 0's directory to every rank."""
     if int(os.environ.get("RANK", "0")) == 0:
         return

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Generate a CIFAR-10-C-format folder from a CIFAR-10 test set.
+"""Generate a CIFAR-10-C-format folder from a CIFAR-10 test set: the fallback where the official release
+(https://zenodo.org/record/2535967) is absent -- prefer the release for any number compared with a paper.
 
     python scripts/make_cifar10_c.py --root /path/to/cifar10_jpeg.tar.gz --out /data/CIFAR-10-C-gen \\
         [--subset 1000] [--corruptions gaussian_noise,fog,...|all] [--seed 0] [--cache-dir DIR]
@@ -10,6 +11,8 @@ canonical order) and writes, like the official release (Hendrycks & Dietterich 2
 
     <out>/<corruption>.npy   uint8 [5 * N, 32, 32, 3]: severity 1 rows 0..N-1, severity 2 rows N..2N-1, ...
     <out>/labels.npy         uint8 [5 * N]: the N test labels repeated 5 times
+    <out>/GENERATED_BY.json  this script, seed, N, corruptions: a run reading the folder warns and records
+                             meta.shift_data.source = generated in its results.json
 
 which ``dataset=cifar10_c dataset.root=<out>`` or ``dataset=cifar10 dataset.shift_root=<out>``
 read back (choose ``corruptions`` among those generated).
@@ -46,9 +49,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flatbnn.atomic_io import save_npy  # noqa: E402
+from flatbnn.atomic_io import save_npy, write_json  # noqa: E402
 from flatbnn.data.cifar import load_cifar10_arrays  # noqa: E402
-from flatbnn.data.cifar10_c import GROUPS  # noqa: E402
+from flatbnn.data.cifar10_c import GENERATED_MARKER, GROUPS  # noqa: E402
 from flatbnn.data.corruptions import corrupt, implemented  # noqa: E402
 
 
@@ -75,6 +78,9 @@ def generate(root, out, subset=None, corruptions=None, seed=0, cache_dir=None, v
     data, _, layout = load_cifar10_arrays(root, None, subset, False, cache_dir, key="--root", splits=("test",))
     x, y = data["test"]
     out.mkdir(parents=True, exist_ok=True)
+    # first: a folder holding any generated array is marked as generated, even if this script is killed midway
+    write_json(out / GENERATED_MARKER, {"generator": "scripts/make_cifar10_c.py", "seed": seed, "test_images": int(len(y)),
+                                        "corruptions": names, "clean_layout": layout})
     save_npy(out / "labels.npy", np.tile(y.astype(np.uint8), 5))
     timings = {}
     for name in names:

@@ -186,7 +186,8 @@ def test_reference_swag_collection_and_sample_equal_ours():
 
 
 def test_reference_bsam_loop_equals_our_bsam_after_3_steps():
-    """The official update (REFERENCE.md) written per tensor, with the same noise draws, vs BSAM."""
+    """The official update (bayesian-sam's optimiser, flatbnn/bench/reference.py) written per tensor, with the same
+    noise draws, vs BSAM."""
     x, y = _data()
     ours = _net()
     method = BSAM(m=4)

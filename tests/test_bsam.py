@@ -256,8 +256,8 @@ def test_engine_checkpoint_resume_is_exact(method, tmp_path, capsys):
 
 def test_sam_adam_preset_is_a_composition(tmp_path):
     cfg = compose_cfg(["method=sam_adam"])
-    assert cfg.method._target_ == "flatbnn.methods.MAP"
-    assert cfg.optimizer._target_ == "torch.optim.Adam" and cfg.flatness._target_ == "flatbnn.flatness.SAM"
+    assert cfg.method._target_ == "flatbnn.methods.map.MAP"
+    assert cfg.optimizer._target_ == "torch.optim.Adam" and cfg.flatness._target_ == "flatbnn.flatness.sam.SAM"
     assert cfg.flatness.m == 8
     cfg = compose_cfg(["method=sam_adam", "flatness.m=4", "flatness.rho=0.1", "optimizer.lr=3e-4"])
     assert (cfg.flatness.m, cfg.flatness.rho, cfg.optimizer.lr) == (4, 0.1, 3e-4)

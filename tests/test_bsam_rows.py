@@ -173,7 +173,7 @@ def test_sam_adam_preset_wins_over_the_pair_configs_sgd_recipe():
     assert cfg.trainer.epochs == 180 and cfg.trainer.batch_size == 200  # the pair's non-optimiser keys still apply
     sgd = compose_cfg(["method=map", *pair])
     assert sgd.optimizer._target_ == "torch.optim.SGD" and sgd.optimizer.lr == 0.03
-    assert sgd.flatness._target_ != "flatbnn.flatness.SAM"
+    assert sgd.flatness._target_ != "flatbnn.flatness.sam.SAM"
     # the command line still wins over the preset
     assert compose_cfg(["method=sam_adam", *pair, "optimizer.lr=3e-4"]).optimizer.lr == 3e-4
 

@@ -114,6 +114,32 @@ def test_cifar10_c_dataset_and_errors(data_roots, tmp_path):
                       severities=[0, 6])
 
 
+# --------------------------------------------------------------------------- generated = marked
+
+def test_a_generated_folder_warns_once_and_results_json_says_generated(data_roots, tmp_path, capsys):
+    """scripts/make_cifar10_c.py is the fallback where the official release is absent: a folder it wrote is
+    told apart from the release (its marker file), the user gets one warning line, and a run's results.json
+    records which was read -- a number from our own corruptions is never presented as a CIFAR-10-C number."""
+    from helpers import run_cfg
+
+    gen = tmp_path / "gen"
+    _load_script().generate(str(data_roots["cifar10"]), gen, corruptions=["fog"], seed=3,
+                            cache_dir=data_roots["cache"], verbose=False)
+    capsys.readouterr()
+    common = ["dataset=cifar10", f"dataset.root={data_roots['cifar10']}", f"dataset.cache_dir={data_roots['cache']}",
+              "dataset.shift_corruptions=[fog]", "dataset.shift_severities=[2]", "dataset.augment=none",
+              "model=mlp", "model.hidden=[8]", "trainer.epochs=1", "trainer.batch_size=30", "trainer.eval_every=0"]
+    meta = run_cfg(common + [f"dataset.shift_root={gen}"], tmp_path / "run_gen")["meta"]
+    assert meta["shift_data"] == {"generator": "scripts/make_cifar10_c.py", "seed": 3, "test_images": 10 * C10_TEST,
+                                  "corruptions": ["fog"], "clean_layout": meta["shift_data"]["clean_layout"],
+                                  "source": "generated"}
+    warned = [line for line in capsys.readouterr().err.splitlines() if "not the official release" in line]
+    assert len(warned) == 1 and str(gen) in warned[0] and "meta.shift_data.source" in warned[0], warned
+    official = run_cfg(common + [f"dataset.shift_root={data_roots['cifar10_c']}"], tmp_path / "run_official")
+    assert official["meta"]["shift_data"] == {"source": "official"}
+    assert "not the official release" not in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------- corruption functions
 
 def test_corruption_helpers_match_references():

@@ -507,8 +507,8 @@ def test_geometry_on_a_point_estimate_is_refused_with_one_line(tmp_path):
         run_cfg(DIGITS + ["flatness=geometry"], tmp_path / "g")
 
 
-@pytest.mark.parametrize("name,target", [("asam", "ASAM"), ("fsam", "FisherSAM"), ("random", "RandomSAM"),
-                                         ("geometry", "Geometry")])
+@pytest.mark.parametrize("name,target", [("asam", "asam.ASAM"), ("fsam", "fsam.FisherSAM"), ("random", "random.RandomSAM"),
+                                         ("geometry", "geometry.Geometry")])
 def test_every_variant_config_has_the_shared_keys(name, target):
     cfg = compose_cfg([f"flatness={name}"])
     assert cfg.flatness._target_ == f"flatbnn.flatness.{target}"

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flatbnn.methods import RunContext
-from flatbnn.methods.flat import unflatten
+from flatbnn.methods.param_vector import unflatten
 from flatbnn.reproduce.launch import compose_cell
 from flatbnn.reproduce.spec import load_row
 
@@ -210,11 +210,11 @@ def test_flatbnn_paper_sgld_cells_fine_tune_the_rows_own_runs_with_the_official_
     sgld = compose_cell(cells["wrn28x10/sgld"].overrides)
     assert (sgld.method.noise_mode, sgld.method.noise_factor, sgld.method.lr_schedule.a, sgld.method.lr_schedule.unit,
             sgld.method.burn_in, sgld.trainer.epochs, sgld.flatness._target_) == \
-        ("linear", 0.1, 10.0, "step", 160, 199, "flatbnn.flatness.NoFlatness")
+        ("linear", 0.1, 10.0, "step", 160, 199, "flatbnn.flatness.none.NoFlatness")
     f_sgld = compose_cell(cells["preresnet164/f_sgld"].overrides)
     assert (f_sgld.method.noise_mode, f_sgld.method.noise_a, f_sgld.method.noise_b, f_sgld.method.lr_schedule.a,
             f_sgld.flatness._target_, f_sgld.trainer.epochs) == \
-        ("schedule", 40.304, 15476.4, 0.2, "flatbnn.flatness.SAM", 199)
+        ("schedule", 40.304, 15476.4, 0.2, "flatbnn.flatness.sam.SAM", 199)
     assert not any(c.init_from for c in r.cells_for("cpu"))  # textbook SGLD from scratch (its committed runs)
 
 

@@ -24,6 +24,7 @@ def test_shift_sets_are_evaluated_per_set_corruption_severity_group_and_mean(cif
     res = run_cfg(_cifar(cifar10_archive, tmp_path) + [
         f"dataset.shift_root={c_dir}", "dataset.shift_corruptions=[gaussian_noise,contrast]",
         "dataset.shift_severities=[1,5]"], tmp_path / "run")
+    assert res["meta"]["shift_data"]["source"] == "generated"  # our own corruptions, never taken for the release
     shift = res["metrics"]["shift"]
     assert set(shift["sets"]) == {"gaussian_noise/1", "gaussian_noise/5", "contrast/1", "contrast/5"}
     assert set(shift["per_group"]) == {"noise", "digital"}

@@ -11,8 +11,8 @@ from torch import nn
 from flatbnn.engine.backprop import Backprop
 from flatbnn.flatness import SAM, NoFlatness
 from flatbnn.methods import RunContext
-from flatbnn.methods.flat import unflatten
 from flatbnn.methods.hwa import HWA
+from flatbnn.methods.param_vector import unflatten
 from flatbnn.methods.vsam import VariationalSAM
 from flatbnn.nn.bayesian import bayesian_layers
 from helpers import run_cfg

@@ -1,11 +1,10 @@
 """Minimal loops of the reference implementations, for ``scripts/benchmark.py --reference`` only.
 
-Written here from the documented algorithms (the papers and the facts collected in the shared
-REFERENCE.md / PITFALLS.md), NOT copied from the repositories -- none can be fetched from this
-machine. Each loop keeps the reference's *cost structure* (per-tensor Python loops, a wrapper
-optimiser with first/second step, a growing deviation matrix, ...), since that is what the timing
-compares; where we were unsure of a detail we chose the cheaper variant, so "ours is faster than
-the reference" is never won by a handicapped reference.
+Written here from the documented algorithms (the papers, the official READMEs and issue threads), NOT
+copied from the repositories -- none can be fetched from this machine. Each loop keeps the reference's
+*cost structure* (per-tensor Python loops, a wrapper optimiser with first/second step, a growing
+deviation matrix, ...), since that is what the timing compares; where we were unsure of a detail we
+chose the cheaper variant, so "ours is faster than the reference" is never won by a handicapped reference.
 
 * :class:`ReferenceSAM` -- davda54/sam's interface: a wrapper optimiser; ``first_step`` moves every
   parameter with a gradient by e_w = rho * g / (||g|| + 1e-12) (adaptive: e_w = rho * w^2 g /

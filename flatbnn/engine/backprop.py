@@ -42,7 +42,8 @@ class Backprop:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
     def no_sync(self):
-        """Inside: forward AND backward skip DDP's all-reduce (both must be inside, PITFALLS)."""
+        """Inside: forward AND backward skip DDP's all-reduce (with the forward alone inside, the backward still
+        all-reduces the ascent gradient: davda54/sam#78)."""
         return self.ddp.no_sync() if self.ddp is not None else nullcontext()
 
     @torch.no_grad()

@@ -59,6 +59,8 @@ def results_meta(b: Built, *, steps: int, train_seconds: float, wall_seconds: fl
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "overrides": overrides, "run_dir": str(run_dir),
         "init_from": b.init_from,
+        # the CIFAR-10-C read: the official release or scripts/make_cifar10_c.py's (data/cifar10_c.py)
+        **({"shift_data": b.bundle.meta["shift_data"]} if "shift_data" in b.bundle.meta else {}),
         "paper_reproduction": False,
         **({"git_segments": git_segments} if git_segments and len({(g["commit"], g["dirty"]) for g in git_segments}) > 1
            else {}),

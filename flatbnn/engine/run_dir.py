@@ -27,7 +27,7 @@ from flatbnn.engine.build import Built
 from flatbnn.engine.checkpoint import (CheckpointError, RunDirLock, RunDirLocked, checkpoint_problem,
                                       load_checkpoint, remove_stale_temp_files, write_bytes)
 from flatbnn.engine.trainer import position_problem
-from flatbnn.utils import flatten  # {'a': {'b': 1}} -> {'a.b': 1}
+from flatbnn.utils import canonical_target, flatten  # {'a': {'b': 1}} -> {'a.b': 1}
 
 
 # ---------------------------------------------------------------------------------------------- run dir
@@ -72,7 +72,8 @@ def config_changes(reference: dict, current: dict) -> dict:
     exempt keys left out. A key only one side has (a config key added or removed by a code update) is not
     a change: group switches also change ``_target_`` / ``name``, which both sides have."""
     ref, cur = flatten(reference or {}), flatten(current or {})
-    return {k: (ref[k], cur[k]) for k in cur if k in ref and not _same(ref[k], cur[k])
+    return {k: (ref[k], cur[k]) for k in cur if k in ref
+            and not _same(canonical_target(k, ref[k]), canonical_target(k, cur[k]))  # _target_: by the object
             and not keyroles.resume_may_change(k)}
 
 

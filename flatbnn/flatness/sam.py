@@ -4,7 +4,8 @@ Per step:  g = grad L(w);  eps = rho * D g / ||D g||  (D = I for SAM);  take gra
 restore w; the method steps with that gradient *at w*. ASAM, Fisher-SAM and geometry subclass
 this and override :meth:`direction` only.
 
-Design choices (see PITFALLS.md):
+Design choices (each against a failure reported for other SAM implementations, e.g. davda54/sam#17, #30:
+BatchNorm updated twice; #78: DDP all-reducing the ascent gradient; #80: rho = 0 not the base optimiser):
 * every parameter with a gradient is perturbed (biases and norm layers included) with one global
   L2 norm, as in the JAX original and the flat_seeking_bnn code;
 * weights are restored by copy, not by subtracting eps, so rho = 0 reproduces the base optimiser

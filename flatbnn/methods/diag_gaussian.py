@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from flatbnn.methods.base import Method
-from flatbnn.methods.flat import flatten, unflatten
+from flatbnn.methods.param_vector import flatten, unflatten
 
 
 def batch_size(batch) -> int:

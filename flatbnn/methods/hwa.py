@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from flatbnn.methods.batchnorm import refresh_batchnorm
-from flatbnn.methods.flat import flatten
+from flatbnn.methods.param_vector import flatten
 from flatbnn.methods.sgvb import SGVB
 
 VARIANCES = ("mixture", "eq4", "svi")

@@ -26,7 +26,7 @@ import torch
 
 from flatbnn.methods.base import Method
 from flatbnn.methods.batchnorm import refresh_batchnorm
-from flatbnn.methods.flat import copy_flat_, flatten
+from flatbnn.methods.param_vector import copy_flat_, flatten
 
 MODES = {"swa": 0.0, "swag": 0.5, "swag_diag": 1.0}
 

@@ -17,12 +17,12 @@ Parameterisation of the official code: a per-weight M > 0 with Sigma = M^-2 (dia
 
 M is initialised to sqrt(init_count) / init_radius so that the initial ||eps|| = rho * init_radius /
 sqrt(init_count) -- with the defaults (rho = 1000, init_count = 1e6, init_radius = 0.05) a SAM-sized
-0.05, the paper's "initialised to render the perturbation size around 0.05" (REFERENCE.md gives the
-official init as sqrt(P)/rho; read with rho = 1000 that would make ||eps|| = 1000, so we read the rho
-of the init as the target radius, and say so). M is trained by the same optimiser as mu with its own
-learning rate (``m_lr``, 0.01) and, as in the official code, the optimiser's weight decay
-(``m_weight_decay``: null = the same; weight decay shrinks M, i.e. grows Sigma, the effect the paper
-reports). VSAM has its own ascent, so it refuses any flatness but ``none``.
+0.05, the paper's "initialised to render the perturbation size around 0.05" (the official code,
+zsiga007/Rethinking-SAM's ``meanfieldsam/``, initialises M to sqrt(P)/rho; read with rho = 1000 that would
+make ||eps|| = 1000, so we read the rho of the init as the target radius, and say so). M is trained by the
+same optimiser as mu with its own learning rate (``m_lr``, 0.01) and, as in the official code, the
+optimiser's weight decay (``m_weight_decay``: null = the same; weight decay shrinks M, i.e. grows Sigma, the
+effect the paper reports). VSAM has its own ascent, so it refuses any flatness but ``none``.
 
 Prediction: the mean mu (``num_samples=1``, the paper's evaluation); ``num_samples > 1`` samples
 N(mu, M^-2) from a fixed evaluation seed.
@@ -41,7 +41,7 @@ import math
 import torch
 
 from flatbnn.methods.base import Method
-from flatbnn.methods.flat import copy_flat_, flatten, unflatten
+from flatbnn.methods.param_vector import copy_flat_, flatten, unflatten
 
 
 class VariationalSAM(Method):
@@ -89,7 +89,7 @@ class VariationalSAM(Method):
     # Every weight tensor's share is computed on ONE flat vector (torch.cat of the tensors). Per tensor, a
     # WRN-28-2 step made 12,513 aten calls (SAM: 5,229; now 5,645, CPU profiler), and a VSAM step cost 2.7x a
     # SAM step on an H200 (results/bench/), where small ops are launch-bound. Same values up to sum order.
-    # (flatbnn.methods.flat: the same helpers SWAG and the diagonal-Gaussian all-reduce use.)
+    # (flatbnn.methods.param_vector: the same helpers SWAG and the diagonal-Gaussian all-reduce use.)
     @torch.no_grad()
     def _ellipsoid(self, grads):
         """Flat g, flat M and sum g^2 / M^2."""

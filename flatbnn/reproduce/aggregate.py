@@ -43,7 +43,7 @@ import yaml
 
 from flatbnn import keyroles
 from flatbnn.reproduce.stats import NAN_POLICY, is_finite, nonfinite_note, seed_stats
-from flatbnn.utils import flatten  # noqa: F401 (also aggregate.flatten for its callers)
+from flatbnn.utils import canonical_target, flatten  # noqa: F401 (also aggregate.flatten for its callers)
 
 METRICS = ["accuracy", "nll", "ece", "brier", "auroc_misclassification", "auroc_ood"]
 
@@ -322,7 +322,7 @@ def config_key(config: dict | None, seed: Any = None) -> dict[str, str]:
     if not isinstance(config, dict):
         return {}
     seed = config.get("seed") if seed is None else seed
-    return {k: _canon(v) for k, v in flatten(config).items() if not _ignored(k, v, seed)}
+    return {k: _canon(canonical_target(k, v)) for k, v in flatten(config).items() if not _ignored(k, v, seed)}
 
 
 def run_key(run: Run) -> dict[str, str]:

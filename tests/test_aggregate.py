@@ -95,6 +95,7 @@ SPLITS = {
     "world size": ({}, {"budget.world_size": 2, "hardware.world_size": 2}, None),
     "gpu kind": ({}, {"hardware.device": "cuda", "hardware.gpu": "NVIDIA H100"}, None),
     "precision": ({"trainer.precision": "bf16"}, {"budget.precision": "bf16"}, "trainer.precision=bf16"),
+    "shift sets generated, not the release": ({}, {"shift_data": {"source": "generated"}}, None),
 }
 
 

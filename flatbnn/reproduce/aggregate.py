@@ -54,7 +54,8 @@ STATS_NOTE = ("mean ± std over seeds (std: sample standard deviation, ddof = 1)
 # bookkeeping, labels -- the roles that do not split rows, declared in flatbnn/keyroles.py
 IGNORED_KEYS = keyroles.declared("splits_rows", False)
 # meta keys in the group key (besides the config): what was actually run and how it was measured
-META_KEYS = ("dataset", "model", "method", "flatness", "epochs", "budget", "metric_conventions")
+# (shift_data: a generated CIFAR-10-C stand-in is never averaged with the official release)
+META_KEYS = ("dataset", "model", "method", "flatness", "epochs", "budget", "metric_conventions", "shift_data")
 HARDWARE_KEYS = ("device", "gpu", "world_size")  # cpu model, core count, torch version do not split a group
 
 ERROR_FILES = ("failed.txt", "error.txt", "error.log", "*.err", "stderr*", "*.log")
@@ -438,6 +439,8 @@ def budget_label(meta: dict) -> str:
          f"{hw.get('gpu') or hw.get('device', '?')}")
     if b.get("precision") not in (None, "fp32"):
         s += f", {b['precision']}"
+    if (meta.get("shift_data") or {}).get("source") == "generated":
+        s += ", generated shift sets"
     return s
 
 

@@ -22,9 +22,10 @@ Torch-free, and below everything else in the package (tests/test_import_graph.py
 
 import difflib
 import math
+import types
 import typing
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
@@ -47,7 +48,7 @@ def problem(value, annotation, limits: dict | None = None) -> str | None:
     if annotation is Any:
         return None
     args = typing.get_args(annotation)
-    if typing.get_origin(annotation) is typing.Union and type(None) in args:  # Optional[X]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and type(None) in args:  # X | None
         if value is None:
             return None
         annotation = next(a for a in args if a is not type(None))
@@ -138,9 +139,9 @@ class TrainerConfig(Checked):
     compile_cache: Any = MISSING  # a folder or null; checked where it is read (engine/compiling.py)
     cuda_graph: bool = MISSING
     sync_bn: bool = MISSING
-    dist_timeout_s: Optional[float] = field(default=MISSING, metadata={"check": check(gt=0.0)})
+    dist_timeout_s: float | None = field(default=MISSING, metadata={"check": check(gt=0.0)})
     deterministic: bool = MISSING
-    grad_clip: Optional[float] = field(default=MISSING, metadata={"check": check(gt=0.0)})
+    grad_clip: float | None = field(default=MISSING, metadata={"check": check(gt=0.0)})
     label_smoothing: float = field(default=MISSING, metadata={"check": check(ge=0.0, lt=1.0)})
     # true / false / a checkpoint path; a list of keys; a path; an entry name: checked where they are read
     resume: Any = MISSING
@@ -149,7 +150,7 @@ class TrainerConfig(Checked):
     init_key: Any = MISSING
     checkpoint_every: int = field(default=MISSING, metadata={"check": check(ge=0)})
     eval_every: int = field(default=MISSING, metadata={"check": check(ge=0)})
-    limit_train_batches: Optional[int] = field(default=MISSING, metadata={"check": check(ge=1)})
+    limit_train_batches: int | None = field(default=MISSING, metadata={"check": check(ge=1)})
     progress: bool = MISSING
     reliability_diagram: bool = MISSING
 

@@ -20,6 +20,8 @@ from tests.helpers import compose_cfg
     (["trainer.label_smoothing=1.0"], "trainer.label_smoothing=1.0: must be < 1"),
     (["trainer.eval_batch_size=abc"], "trainer.eval_batch_size='abc': must be a number (a whole one)"),  # a type
     (["trainer.compile=no"], "trainer.compile='no': must be true or false"),
+    (["trainer.epochs=null"], "trainer.epochs=None: must be set (not null)"),
+    (["trainer.limit_train_batches=0"], "trainer.limit_train_batches=0: must be >= 1"),  # may be null, not 0
     (["+trainer.batch_sise=64"], "trainer.batch_sise: no such key in trainer; did you mean batch_size"),  # unknown
     (["+metrics.ece_binz=20"], "metrics.ece_binz: no such key in metrics; did you mean ece_bins or ece_binning?"),
     (["metrics.ece_bins=0"], "metrics.ece_bins=0: must be >= 1"),
@@ -33,7 +35,8 @@ def test_a_wrong_trainer_or_metrics_value_is_one_line_naming_the_key(overrides, 
 
 
 def test_interpolations_are_checked_by_their_value():
-    validate_config(compose_cfg(["trainer.epochs=${seed}", "metrics.ece_bins=${trainer.batch_size}"]))
+    validate_config(compose_cfg(["trainer.epochs=${seed}", "metrics.ece_bins=${trainer.batch_size}",
+                                 "trainer.limit_train_batches=null"]))
     with pytest.raises(ConfigError, match=r"trainer.batch_size=0: must be >= 1"):
         validate_config(compose_cfg(["seed=0", "trainer.batch_size=${seed}"]))
 

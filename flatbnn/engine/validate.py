@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
-from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -38,7 +37,7 @@ RANGES: dict[str, tuple] = {
     "optimizer.momentum": (float, check(ge=0.0, lt=1.0)),
     "flatness.rho": (float, check(ge=0.0)),
     "flatness.m": (int, check(ge=1)),
-    "method.num_samples": (Optional[int], check(ge=1)),     # 0 only where the method predicts with its mean
+    "method.num_samples": (int | None, check(ge=1)),     # 0 only where the method predicts with its mean
     "method.num_members": (int, check(ge=1)),
 }
 

@@ -81,3 +81,12 @@ def test_the_trainer_schema_covers_every_shipped_trainer_key_and_declares_no_val
     # the composed trainer node is the YAML's, untouched by the schema: ints stay ints (config_resolved.yaml, resume)
     trainer = compose_cfg([]).trainer
     assert trainer.dist_timeout_s == 600 and type(trainer.dist_timeout_s) is int
+
+
+def test_the_dataclass_checks_itself_where_no_composition_ran():
+    """evaluate.py (a stored run's config + overrides) and one's own loop build EvalConfig directly."""
+    with pytest.raises(ConfigError, match=r"^metrics.ece_edges='middle': must be one of right, left, both, strict$"):
+        EvalConfig(ece_edges="middle")
+    with pytest.raises(ConfigError, match=r"^metrics.ece_bins='20': must be a number \(a whole one\)$"):
+        EvalConfig(ece_bins="20")
+    assert EvalConfig(ece_bins=20).ece_bins == 20

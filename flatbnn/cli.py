@@ -93,6 +93,7 @@ def hydra_error_line(exc: BaseException) -> str | None:
     unknown key or group option, a bad override, a run dir it cannot create), with the closest valid
     names; None for anything else."""
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+    from omegaconf.errors import ValidationError
 
     yaml_line = yaml_error_line(exc)
     if yaml_line is not None:
@@ -113,6 +114,8 @@ def hydra_error_line(exc: BaseException) -> str | None:
         cause = exc.__cause__
         key = getattr(cause, "full_key", None)
         parent = getattr(cause, "parent_node", None)
+        if key and isinstance(cause, ValidationError):  # a typed node (flatbnn/schema.py) refused a value
+            return f"{key}: {str(cause).splitlines()[0].strip()}"
         if key and parent is not None and "Could not override" in str(exc):
             leaf = str(key).rpartition(".")[2]
             prefix = str(key)[: len(str(key)) - len(leaf)]

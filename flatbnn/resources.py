@@ -14,6 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# configs/config.yaml's `metrics: default` is a dataclass in Hydra's ConfigStore: every composition finds configs/
+# here, so importing this module registers it
+from flatbnn import schema  # noqa: F401
+
 PACKAGE = Path(__file__).resolve().parent
 _INSTALLED = (PACKAGE / "configs").is_dir()
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
+from flatbnn.resources import CONFIGS_DIR as CONFIGS  # importing it registers the `metrics` node (flatbnn/schema.py)
+
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = REPO / "configs"
 
 
 def compose_cfg(overrides: list[str]):

@@ -109,11 +109,9 @@ def test_reliability_label_is_the_results_ece(tmp_path, monkeypatch):
 
 
 def test_auroc_thresholds_is_a_metrics_option():
-    from pathlib import Path
+    from tests.helpers import compose_cfg
 
-    from omegaconf import OmegaConf
-
-    root = OmegaConf.load(Path(__file__).resolve().parents[1] / "configs" / "config.yaml")
+    root = compose_cfg([])
     assert root.metrics.auroc == "exact" and root.metrics.auroc_thresholds == 2500
     # scores on a coarse grid: the 4-threshold AUROC differs from the exact one by a known amount
     probs = torch.tensor([[0.9, 0.1], [0.8, 0.2], [0.62, 0.38], [0.65, 0.35], [0.55, 0.45], [0.95, 0.05]])

@@ -3,9 +3,14 @@ itself, keys a config group does not know, the device, and whether the run dir c
 
 Hydra's struct mode refuses ``trainer.epochz=1`` but lets ``+trainer.foo=1`` in, and OmegaConf takes
 ``trainer.epochs=1.5`` or ``=abc`` as they are; a wrong value then fails deep in training (a traceback)
-or, worse, runs (``trainer.epochs=-1`` trained nothing and exited 0). Keys passed to a constructor
-(``optimizer.*``, ``method.*``, ``model.*``, ...) are checked by the constructor's signature already
-(an unknown one is a one-line TypeError); the ranges of the common ones are checked here.
+or, worse, runs (``trainer.epochs=-1`` trained nothing and exited 0).
+
+- ``trainer`` and ``metrics``, the nodes the engine reads by name: their dataclasses in :mod:`flatbnn.schema`
+  (types, ranges, no unknown key).
+- The groups whose keys are passed to a constructor (``optimizer.*``, ``method.*``, ``flatness.*``, ...) are open:
+  each option's constructor signature is its schema (an unknown key is a one-line TypeError); only the ranges of
+  their common keys, and the root ``seed``, are checked here (:data:`RANGES`).
+- The data set's keys: :class:`flatbnn.data.options.DataOptions`, when the data set is built.
 
 :func:`validate_config` raises :class:`ConfigError` (a ``ValueError``: one line, exit 2) naming the key,
 the value and what is allowed.
@@ -13,8 +18,6 @@ the value and what is allowed.
 
 from __future__ import annotations
 
-import difflib
-import math
 import os
 import uuid
 from pathlib import Path
@@ -22,106 +25,23 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from flatbnn import resources
-
-
-class ConfigError(ValueError):
-    """A config value that cannot work: one line, exit 2."""
-
+from flatbnn.schema import ConfigError, EvalConfig, TrainerConfig, check, check_node, problem
 
 # the per-process noise generator is seeded with seed * 1_000_003 + rank, a signed 64-bit integer (room for 1024 ranks)
 SEED_MAX = (2**63 - 1) // 1_000_003 - 1024
-# kind, constraint: "int" / "float" with (lo, hi, lo_inclusive) bounds, "bool", or a tuple of choices;
-# ``None`` in the rule's third slot: the key may be null
-_POS_INT = ("int", (1, None))
-_NONNEG_INT = ("int", (0, None))
-RULES: dict[str, tuple] = {
-    "seed": ("int", (0, SEED_MAX)),
-    "trainer.epochs": ("int", (0, None)),               # 0 = evaluate the loaded weights (rows/fsam_t2.yaml)
-    "trainer.batch_size": _POS_INT,
-    "trainer.eval_batch_size": _POS_INT,
-    "trainer.eval_sample_chunk": _POS_INT,
-    "trainer.num_workers": _NONNEG_INT,
-    "trainer.checkpoint_every": _NONNEG_INT,
-    "trainer.eval_every": _NONNEG_INT,
-    "trainer.limit_train_batches": ("int", (1, None), None),
-    "trainer.precision": ("choice", ("fp32", "bf16", "fp16")),
-    "trainer.channels_last": ("bool",),
-    "trainer.compile": ("bool",),
-    "trainer.sync_bn": ("bool",),
-    "trainer.deterministic": ("bool",),
-    "trainer.progress": ("bool",),
-    "trainer.reliability_diagram": ("bool",),
-    "trainer.grad_clip": ("float", (0.0, None, False), None),
-    "trainer.label_smoothing": ("float", (0.0, 1.0, True, False)),
-    "trainer.dist_timeout_s": ("float", (0.0, None, False), None),
-    "optimizer.lr": ("float", (0.0, None, False)),
-    "optimizer.weight_decay": ("float", (0.0, None)),
-    "optimizer.momentum": ("float", (0.0, 1.0, True, False)),
-    "flatness.rho": ("float", (0.0, None)),
-    "flatness.m": _POS_INT,
-    "method.num_samples": ("int", (1, None), None),     # 0 only where the method predicts with its mean
-    "method.num_members": _POS_INT,
-    "metrics.ece_bins": _POS_INT,
-    "metrics.ece_binning": ("choice", ("width", "mass")),
-    "metrics.ece_edges": ("choice", ("right", "left", "both", "strict")),
-    "metrics.misclass_score": ("choice", ("max_prob", "entropy")),
-    "metrics.ood_score": ("choice", ("max_prob", "entropy")),
-    "metrics.single_sample_metrics": ("bool",),
-    "metrics.auroc": ("choice", ("exact", "thresholds")),
-    "metrics.auroc_thresholds": _POS_INT,
+# key of an open group (or the root) -> (type, range), as a schema field would declare them
+RANGES: dict[str, tuple] = {
+    "seed": (int, check(ge=0, le=SEED_MAX)),
+    "optimizer.lr": (float, check(gt=0.0)),
+    "optimizer.weight_decay": (float, check(ge=0.0)),
+    "optimizer.momentum": (float, check(ge=0.0, lt=1.0)),
+    "flatness.rho": (float, check(ge=0.0)),
+    "flatness.m": (int, check(ge=1)),
+    "method.num_samples": (int | None, check(ge=1)),     # 0 only where the method predicts with its mean
+    "method.num_members": (int, check(ge=1)),
 }
 
 CONFIGS = resources.CONFIGS_DIR
-# groups whose keys the engine reads by name (nothing passes them to a constructor that would refuse an
-# unknown one): every key must be in one of the group's option files
-CLOSED_GROUPS = ("trainer",)
-
-
-def _known_keys(group: str) -> set[str]:
-    keys: set[str] = set()
-    for f in sorted((CONFIGS / group).glob("*.yaml")):
-        node = OmegaConf.load(f)
-        keys.update(k for k in node if k != "defaults")
-    return keys
-
-
-def _known_metrics_keys() -> set[str]:
-    from dataclasses import fields
-
-    from flatbnn.metrics.evaluate import EvalConfig
-    return {f.name for f in fields(EvalConfig)}
-
-
-def _closest(word: str, options) -> str:
-    near = difflib.get_close_matches(word, sorted(options), n=3, cutoff=0.5)
-    return f"; did you mean {' or '.join(near)}?" if near else f"; known: {', '.join(sorted(options))}"
-
-
-def _check(key: str, value, rule: tuple) -> str | None:
-    """What is wrong with ``value`` under ``rule`` (None: fine)."""
-    kind, nullable = rule[0], len(rule) > 2
-    if value is None:
-        return None if nullable else "must be set (not null)"
-    if kind == "bool":
-        return None if isinstance(value, bool) else "must be true or false"
-    if kind == "choice":
-        return None if value in rule[1] else f"must be one of {', '.join(rule[1])}"
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind == "int" and not (isinstance(value, int) and not isinstance(value, bool)):
-        return "must be a whole number" if number else "must be a number (a whole one)"
-    if kind == "float" and not number:
-        return "must be a number"
-    if kind == "float" and not math.isfinite(value):
-        return "must be finite"
-    bounds = rule[1]
-    lo, hi = bounds[0], bounds[1]
-    lo_incl = bounds[2] if len(bounds) > 2 else True
-    hi_incl = bounds[3] if len(bounds) > 3 else True
-    if lo is not None and (value < lo or (value == lo and not lo_incl)):
-        return f"must be {'>=' if lo_incl else '>'} {lo:g}"
-    if hi is not None and (value > hi or (value == hi and not hi_incl)):
-        return f"must be {'<=' if hi_incl else '<'} {hi if isinstance(hi, int) else format(hi, 'g')}"
-    return None
 
 
 def _select(cfg: DictConfig, key: str):
@@ -148,32 +68,18 @@ def _method_allows_zero_samples(cfg: DictConfig) -> bool:
 
 
 def check_values(cfg: DictConfig) -> None:
-    for key, rule in RULES.items():
+    """``trainer`` and ``metrics`` against their schemas (unknown keys included), then :data:`RANGES`."""
+    for schema in (TrainerConfig, EvalConfig):
+        check_node(schema, cfg)
+    for key, (kind, limits) in RANGES.items():
         present, value = _select(cfg, key)
         if not present:
             continue
         if key == "method.num_samples" and value == 0 and _method_allows_zero_samples(cfg):
             continue
-        problem = _check(key, value, rule)
-        if problem:
-            raise ConfigError(f"{key}={value!r}: {problem}")
-    if (OmegaConf.select(cfg, "metrics.auroc", default="exact") == "thresholds"
-            and OmegaConf.select(cfg, "metrics.misclass_score", default="max_prob") != "max_prob"):
-        raise ConfigError("metrics.auroc=thresholds: the threshold grid is on [0, 1] and needs "
-                          "metrics.misclass_score=max_prob")
-
-
-def check_unknown_keys(cfg: DictConfig) -> None:
-    """``+trainer.foo=1`` / ``+metrics.foo=1``: a key nothing reads is a typo, not a setting."""
-    groups = {g: _known_keys(g) for g in CLOSED_GROUPS}
-    groups["metrics"] = _known_metrics_keys()
-    for group, known in groups.items():
-        node = cfg.get(group)
-        if not isinstance(node, DictConfig):
-            continue
-        for k in node:
-            if k not in known:
-                raise ConfigError(f"{group}.{k}: no such key in {group}{_closest(str(k), known)}")
+        why = problem(value, kind, limits)
+        if why:
+            raise ConfigError(f"{key}={value!r}: {why}")
 
 
 def _image_side(shape) -> int | None:
@@ -253,7 +159,6 @@ def validate_config(cfg: DictConfig, run_dir: Path | None = None, *, rank: int |
     """Every check above; ``run_dir`` is probed for writing by rank 0 (``rank`` default: ``$RANK``), the
     only rank that writes files."""
     rank = int(os.environ.get("RANK", "0")) if rank is None else rank
-    check_unknown_keys(cfg)
     check_values(cfg)
     check_model_data(cfg)
     check_device(cfg)
@@ -261,8 +166,8 @@ def validate_config(cfg: DictConfig, run_dir: Path | None = None, *, rank: int |
         check_writable(run_dir)
 
 
-__all__ = ["ConfigError", "RULES", "check_device", "check_model_data", "check_unknown_keys", "check_values",
-           "check_writable", "validate_config"]
+__all__ = ["ConfigError", "RANGES", "check_device", "check_model_data", "check_values", "check_writable",
+           "validate_config"]
 
 
 def check_group_files(choices: dict, sources) -> None:

@@ -10,23 +10,11 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 
 import torch
 
 from flatbnn.metrics.classification import classification_metrics, ood_metrics
-
-
-@dataclass
-class EvalConfig:
-    ece_bins: int = 15
-    ece_binning: str = "width"      # width | mass
-    ece_edges: str = "right"        # right: (lo, hi]  | left: [lo, hi) | both: [lo, hi]
-    misclass_score: str = "max_prob"  # max_prob | entropy
-    ood_score: str = "max_prob"       # max_prob | entropy
-    single_sample_metrics: bool = True
-    auroc: str = "exact"              # exact (every distinct score) | thresholds (bSAM / VOGN code's fixed grid)
-    auroc_thresholds: int = 2500      # grid size for auroc=thresholds
+from flatbnn.schema import EvalConfig  # the `metrics` options and their defaults (declared there, once)
 
 
 def dataset_targets(dataset) -> torch.Tensor:

@@ -274,3 +274,40 @@ def test_rebuilt_schedule_is_a_fresh_runs_also_for_a_scheduler_whose_next_lr_dep
             m.optimizer.step()
             m.scheduler.step()
     assert resumed.optimizer.param_groups[0]["lr"] == fresh.optimizer.param_groups[0]["lr"]
+
+
+def test_an_override_of_a_method_owned_schedule_key_rebuilds_the_schedule():
+    """HWA's lr_cycles / SGLD's lr_schedule shape the schedule from the method group, not the scheduler group:
+    a resume overriding one (and nothing the engine knows as schedule-shaping) must still continue with this
+    config's schedule at the restored step; a new lr gives a fresh run's lr also for an absolute schedule."""
+    from types import SimpleNamespace
+
+    from flatbnn.engine.run_dir import apply_resume_overrides, optimizer_snapshot
+    from flatbnn.optim.schedulers import cyclical, inverse_power
+
+    def trained(factory, lr, steps):
+        m = SimpleNamespace(optimizer=torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=lr), factory=factory)
+        m.attach_scheduler = lambda: setattr(m, "scheduler", m.factory(m.optimizer))
+        m.attach_scheduler()
+        for _ in range(steps):
+            m.optimizer.step()
+            m.scheduler.step()
+        return m
+
+    def cycles(n):
+        return lambda opt: cyclical(opt, total_steps=24, steps_per_epoch=4, cycles=n)
+
+    resumed, fresh = trained(cycles(2), 0.1, 7), trained(cycles(3), 0.1, 7)
+    snapshot = optimizer_snapshot(trained(cycles(3), 0.1, 0))
+    resumed.factory = cycles(3)  # the method rebuilt from the new config (method.lr_cycles=3)
+    apply_resume_overrides(resumed, snapshot, ["method.lr_cycles"])
+    assert resumed.optimizer.param_groups[0]["lr"] == fresh.optimizer.param_groups[0]["lr"]
+    assert fresh.optimizer.param_groups[0]["lr"] != trained(cycles(2), 0.1, 7).optimizer.param_groups[0]["lr"]
+
+    def power(opt):
+        return inverse_power(opt, total_steps=24, steps_per_epoch=4, a=1.0, b=1.0, gamma=0.55,
+                             max_lr=None, unit="step")
+
+    resumed, fresh = trained(power, 0.1, 9), trained(power, 0.02, 9)
+    apply_resume_overrides(resumed, optimizer_snapshot(trained(power, 0.02, 0)), ["optimizer.lr"])
+    assert resumed.optimizer.param_groups[0]["lr"] == fresh.optimizer.param_groups[0]["lr"]

@@ -36,9 +36,6 @@ from flatbnn.utils import canonical_target, flatten  # {'a': {'b': 1}} -> {'a.b'
 # config a run dir was started with and the rerun's is refused (the rerun would continue the old run under the new
 # label); listing the key in trainer.resume_overrides applies the change deliberately instead.
 RESUME_EXEMPT = keyroles.declared("resume_may_change")
-# Keys whose change alters the lr schedule's shape: a resume applying one rebuilds the schedule (at the
-# current step) instead of restoring the old one
-_SCHEDULE_KEYS = ("trainer.epochs", "trainer.limit_train_batches", "scheduler")
 _HYDRA_FILES = ("config.yaml", "overrides.yaml", "hydra.yaml")
 # keys whose change alters the steps per epoch (a checkpoint's position is then checked against epochs only)
 _STEP_KEYS = ("trainer.limit_train_batches", "trainer.batch_size", "dataset")
@@ -234,9 +231,9 @@ def optimizer_snapshot(method) -> list[dict] | None:
 def apply_resume_overrides(method, fresh: list[dict] | None, keys: list[str]) -> None:
     """Write the values of ``trainer.resume_overrides`` that live in the restored optimiser / schedule
     into them: ``optimizer.<field>`` or ``method.<field>`` sets that param-group field (lr: the schedule's
-    base lr, the current lr rescaled to it); a schedule-shaping key (``_SCHEDULE_KEYS``) replaces the restored
-    schedule by this config's at the restored step (:func:`rebuild_schedule`). Other keys take effect where the
-    run reads them from the config (flatness.*, ...)."""
+    base lr; without a schedule the current lr rescaled to it); then the restored schedule is replaced by this
+    config's at the restored step (:func:`rebuild_schedule`). Other keys take effect where the run reads them
+    from the config (flatness.*, ...)."""
     opt, sched = getattr(method, "optimizer", None), getattr(method, "scheduler", None)
     if not keys or fresh is None or opt is None or len(fresh) != len(opt.param_groups):
         return
@@ -250,13 +247,13 @@ def apply_resume_overrides(method, fresh: list[dict] | None, keys: list[str]) ->
             group["lr"] = group["lr"] * new0 / old0 if old0 else new0
             if "initial_lr" in group:
                 group["initial_lr"] = new0
-    if sched is None or not hasattr(sched, "base_lrs"):
+    if sched is None or not hasattr(sched, "last_epoch"):
         return
-    if any(_covered(k, _SCHEDULE_KEYS) for k in keys):
-        rebuild_schedule(method, sched.last_epoch)
-    elif "lr" in fields:
-        sched.base_lrs = [g.get("initial_lr", g["lr"]) for g in opt.param_groups]
-        sched._last_lr = [g["lr"] for g in opt.param_groups]
+    # Any override rebuilds the schedule: which keys shape it is the method's business (HWA's lr_cycles, SGLD's
+    # lr_schedule, the scheduler group, the step count), and a schedule is a function of config and step, so
+    # rebuilding an unchanged one gives the same lrs. A new lr thus also gives a fresh run's lr for an absolute
+    # schedule (inverse_power), where rescaling the current lr would not.
+    rebuild_schedule(method, sched.last_epoch)
 
 
 def rebuild_schedule(method, step: int) -> None:

@@ -40,6 +40,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from flatbnn import resources
 from flatbnn.atomic_io import save_npy
 from flatbnn.data.registry import DataBundle, DataOptions, make_bundle, register_dataset
 from flatbnn.data.ood import register_test_loader
@@ -114,18 +115,14 @@ def default_cache_dir() -> Path:
     return Path(os.path.expanduser(env)) if env else Path.home() / ".cache" / "flatbnn"
 
 
-def _repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
-
-
 def resolve_cache_dir(cache_dir: Any) -> Path | None:
     """``False``/``""`` disable caching; ``None`` = default; refuses paths inside the repository."""
     if cache_dir is False or cache_dir == "":
         return None
     path = default_cache_dir() if cache_dir is None else Path(os.path.expanduser(str(cache_dir)))
     path = path.resolve()
-    repo = _repo_root()
-    if (repo / ".git").exists() and (path == repo or repo in path.parents):
+    repo = resources.CHECKOUT  # None for an installed wheel: no repository to keep clean
+    if repo is not None and (path == repo or repo in path.parents):
         raise ValueError(
             f"cache_dir {str(path)!r} is inside the repository {str(repo)!r}; decoded data must "
             "live outside it (set dataset.cache_dir or $FLATBNN_CACHE elsewhere)"

@@ -1,7 +1,7 @@
 """Run directories -> one row per experiment: mean ± std over seeds, never across different experiments.
 
-A run directory holds ``results.json`` (``{"metrics": ..., "meta": ...}``, flatbnn/engine/run.py) and, when Hydra
-made it, ``.hydra/config.yaml`` beside it. Runs are grouped by their **whole configuration**:
+A run directory holds ``results.json`` (``{"metrics": ..., "meta": ...}``, written by flatbnn/engine/run.py; the
+meta: engine/results.py) and, when Hydra made it, ``.hydra/config.yaml`` beside it. Runs are grouped by their **whole configuration**:
 
 * the config as Hydra saved it (``.hydra/config.yaml``; interpolations such as ``${dataset.num_classes}`` are
   compared as written: they are functions of keys that are compared too), without the keys that legitimately vary

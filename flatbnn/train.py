@@ -121,7 +121,7 @@ def _failed(e: Exception, msg: str | None, dist_line: str | None, run_dir_from_h
     run_dir = run_dir_from_hydra()
     detail = traceback.format_exc()
     line = msg or f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
-    from flatbnn.engine.checkpoint import RunDirLocked
+    from flatbnn.engine.lock import RunDirLocked
     from flatbnn.engine.run_dir import ResumeConfigMismatch
     # a refused member does not own its run dir (another process holds it, or it is another config's run):
     # it writes nothing there, the line below and the summary at the end say why

@@ -108,7 +108,7 @@ def test_resume_override_of_the_schedule_shape_continues_this_configs_schedule_a
 # ------------------------------------------------------------------ 3. one process per run dir
 def _holder(run_dir, host_override=None):
     """A live process holding the run dir's lock (prints once it holds it)."""
-    code = ("import sys, time, socket; from flatbnn.engine.checkpoint import RunDirLock; "
+    code = ("import sys, time, socket; from flatbnn.engine.lock import RunDirLock; "
             "l = RunDirLock(sys.argv[1]); l.acquire(); print('held', flush=True); time.sleep(120)")
     p = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "held"
@@ -116,7 +116,7 @@ def _holder(run_dir, host_override=None):
 
 
 def test_second_process_is_refused_while_the_holder_lives_and_a_dead_holder_is_stale(tmp_path):
-    from flatbnn.engine.checkpoint import RunDirLocked
+    from flatbnn.engine.lock import RunDirLocked
     holder = _holder(tmp_path)
     try:
         with pytest.raises(RunDirLocked, match=f"in use by pid {holder.pid} on host {socket.gethostname()}"):
@@ -130,7 +130,7 @@ def test_second_process_is_refused_while_the_holder_lives_and_a_dead_holder_is_s
 
 
 def test_stale_lock_rules(tmp_path):
-    from flatbnn.engine.checkpoint import RunDirLock, RunDirLocked, _process_start
+    from flatbnn.engine.lock import RunDirLock, RunDirLocked, _process_start
     lock = RunDirLock(tmp_path)
     lock.path.parent.mkdir(parents=True)
     me = dict(lock.me)

@@ -55,3 +55,23 @@ def test_architecture_drawing_current() -> None:
     assert block == import_graph.markdown(_graph()), (
         "docs/ARCHITECTURE.md's import graph is out of date: run python scripts/import_graph.py --write"
     )
+
+
+def test_evaluation_and_analysis_do_not_pull_in_the_training_run_machinery() -> None:
+    # evaluate.py and scripts/analyze.py need build (config -> data, model, method) and the final evaluation, not
+    # the run dir's lock, resume policy or orchestration (engine/run_dir.py, engine/lock.py, engine/run.py)
+    graph = _graph()
+
+    def reachable(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for m in graph.get(todo.pop(), ()):
+                if m not in seen:
+                    seen.add(m)
+                    todo.append(m)
+        return seen
+
+    training_only = {"flatbnn.engine.run", "flatbnn.engine.run_dir", "flatbnn.engine.lock"}
+    assert "flatbnn.engine.build" in reachable("flatbnn.evaluate")
+    assert not reachable("flatbnn.evaluate") & training_only
+    assert not reachable("flatbnn.engine.build") & training_only

@@ -2,18 +2,14 @@
 
 The previous file stays intact until the new one is complete, so a crash mid-write loses nothing; a
 failed write (ENOSPC) removes its temp file, and the temp files of a killed writer are removed by the
-next process that owns the run dir (:func:`remove_stale_temp_files`). :class:`RunDirLock` makes that
-owner unique: one process per run dir.
+next process that owns the run dir (:func:`remove_stale_temp_files`). engine/lock.py's ``RunDirLock`` makes
+that owner unique: one process per run dir.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import socket
-import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -76,7 +72,7 @@ _TEMP_FILE = re.compile(r"^\..+\.tmp\.(\d+)$")
 def remove_stale_temp_files(directory: Path) -> list[Path]:
     """Remove the temp files ``_atomic_write`` left in ``directory`` (a writer killed mid-write, or one
     that ran out of space before this version cleaned up after itself). Call it only while holding the
-    run dir's :class:`RunDirLock`: then no live process writes there, except this one (whose own temp
+    run dir's ``RunDirLock`` (engine/lock.py): then no live process writes there, except this one (whose own temp
     files are spared)."""
     removed = []
     directory = Path(directory)
@@ -88,132 +84,6 @@ def remove_stale_temp_files(directory: Path) -> list[Path]:
             p.unlink(missing_ok=True)
             removed.append(p)
     return removed
-
-
-class RunDirLocked(CheckpointError):  # a CheckpointError: train.py turns it into one line, exit 2
-    pass
-
-
-def _boot_id() -> str | None:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
-
-
-def _process_start(pid: int) -> str | None:
-    """Start time of ``pid`` (clock ticks since boot, Linux): tells a recycled pid from the lock holder."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, another user's
-        return True
-    return True
-
-
-class RunDirLock:
-    """At most one process trains in a run dir: ``<run dir>/.flatbnn/lock`` names its holder (pid, host,
-    boot id, process start time). It is created atomically with a hard link (safe on NFS as well), removed
-    on release; a lock whose holder is gone -- same host and the pid is dead, recycled (another start
-    time) or from before a reboot -- is stale and taken over. A holder on another host cannot be checked
-    from here: the refusal names it and says to delete the file if that process no longer runs."""
-
-    def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / ".flatbnn" / "lock"
-        self.held = False
-        self.record: dict | None = None
-        self.me = {"pid": os.getpid(), "host": socket.gethostname(), "boot_id": _boot_id(),
-                   "start": _process_start(os.getpid())}
-
-    def _read(self, path: Path) -> dict | None:
-        try:
-            obj = json.loads(path.read_text())
-            return obj if isinstance(obj, dict) and isinstance(obj.get("pid"), int) else None
-        except (OSError, ValueError):
-            return None
-
-    def _is_held(self, holder: dict | None, path: Path) -> bool:
-        """Is the process that wrote ``holder`` still running (as far as this host can tell)?"""
-        if holder is None:  # unreadable: only the non-link fallback can leave it half-written, and only briefly
-            try:
-                return time.time() - path.stat().st_mtime < 30
-            except OSError:
-                return False
-        if holder.get("host") != self.me["host"]:
-            return True
-        if holder.get("boot_id") and self.me["boot_id"] and holder["boot_id"] != self.me["boot_id"]:
-            return False
-        if not _pid_alive(holder["pid"]):
-            return False
-        start = _process_start(holder["pid"])
-        return not (holder.get("start") and start and start != holder["start"])
-
-    def _create(self) -> bool:
-        """Create the lock file naming this process; False if one exists."""
-        record = self.record = {**self.me, "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        tmp = self.path.with_name(f".lock.tmp.{os.getpid()}")
-        tmp.write_text(json.dumps(record))
-        try:
-            os.link(tmp, self.path)  # atomic create-if-absent with the content already in place
-            return True
-        except FileExistsError:
-            return False
-        except OSError:  # no hard links here: exclusive create
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                return False
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps(record))
-            return True
-        finally:
-            tmp.unlink(missing_ok=True)
-
-    def acquire(self) -> "RunDirLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(5):
-            if self._create():
-                self.held = True
-                return self
-            holder = self._read(self.path)
-            if self._is_held(holder, self.path):
-                who = (f"pid {holder['pid']} on host {holder.get('host')} (since {holder.get('since')})"
-                       if holder else "a process that is writing its lock file")
-                other_host = holder is not None and holder.get("host") != self.me["host"]
-                raise RunDirLocked(
-                    f"run dir {self.path.parent.parent} is in use by {who}: two processes would interleave "
-                    f"metrics.jsonl and overwrite each other's checkpoint and results; wait for it, or use "
-                    f"another hydra.run.dir"
-                    + (f" (if no such process runs on {holder.get('host')}, delete {self.path})" if other_host
-                       else ""))
-            # stale: move it aside under a name of our own, then make sure it was the stale one we judged
-            aside = self.path.with_name(f"lock.stale.{os.getpid()}")
-            try:
-                os.replace(self.path, aside)
-            except FileNotFoundError:
-                continue
-            if self._read(aside) != holder:  # another process took it over meanwhile: give it back
-                try:
-                    os.link(aside, self.path)
-                except FileExistsError:
-                    pass
-            aside.unlink(missing_ok=True)
-        raise RunDirLocked(f"could not lock run dir {self.path.parent.parent} (contended); retry, or use "
-                           f"another hydra.run.dir")
-
-    def release(self) -> None:
-        if self.held and self._read(self.path) == self.record:  # never remove a lock taken over from us
-            self.path.unlink(missing_ok=True)
-        self.held = False
 
 
 def load_checkpoint(path: Path) -> dict:

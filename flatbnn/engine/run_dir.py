@@ -24,8 +24,9 @@ from omegaconf import OmegaConf
 from flatbnn import keyroles
 from flatbnn.engine import distributed as D
 from flatbnn.engine.build import Built
-from flatbnn.engine.checkpoint import (CheckpointError, RunDirLock, RunDirLocked, checkpoint_problem,
-                                      load_checkpoint, remove_stale_temp_files, write_bytes)
+from flatbnn.engine.checkpoint import (CheckpointError, checkpoint_problem, load_checkpoint, remove_stale_temp_files,
+                                      write_bytes)
+from flatbnn.engine.lock import RunDirLock, RunDirLocked
 from flatbnn.engine.trainer import position_problem
 from flatbnn.utils import canonical_target, flatten  # {'a': {'b': 1}} -> {'a.b': 1}
 

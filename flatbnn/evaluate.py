@@ -105,7 +105,7 @@ def apply_overrides(cfg, args: list[str]) -> list[str]:
             role = keyroles.role_of(key)
             raise EvalError(f"{key}: refusing a change ({role.name} key: {role.meaning}); evaluate.py re-evaluates a "
                             f"run's trained weights -- train a new run for {o.input_line}; evaluation-side keys "
-                            f"(flatbnn/keyroles.py): {', '.join(keyroles.declared('evaluable'))}")
+                            f"(flatbnn/keyroles.py): {', '.join(EVAL_KEYS)}")
         OmegaConf.update(cfg, key, value, merge=True, force_add=o.type != OverrideType.CHANGE)
         applied.append(o.input_line)
     return applied

@@ -17,7 +17,7 @@ Where the values are declared (once each):
   every ``config_resolved.yaml`` (OmegaConf 2.3 has no ``int | float``), which resume and the aggregated rows
   compare; and OmegaConf's coercions (``"no"`` -> ``False``) are laxer than this check.
 
-Torch-free, and below everything else in the package (tests/test_import_graph.py).
+Torch-free, and below everything else in the package (the layers: scripts/import_graph.py).
 """
 
 import difflib

@@ -1,7 +1,8 @@
 """Run directories -> one row per experiment: mean ± std over seeds, never across different experiments.
 
 A run directory holds ``results.json`` (``{"metrics": ..., "meta": ...}``, written by flatbnn/engine/run.py; the
-meta: engine/results.py) and, when Hydra made it, ``.hydra/config.yaml`` beside it. Runs are grouped by their **whole configuration**:
+meta: engine/results.py) and, when Hydra made it, ``.hydra/config.yaml`` beside it. Runs are grouped by their
+**whole configuration**:
 
 * the config as Hydra saved it (``.hydra/config.yaml``; interpolations such as ``${dataset.num_classes}`` are
   compared as written: they are functions of keys that are compared too), without the keys that legitimately vary
@@ -18,9 +19,10 @@ budget are never averaged together. Within a row a seed may appear once (:class:
 
 Sweep members that have a ``.hydra/`` directory but no ``results.json`` (failed or still running), and jobs that a
 sweep's ``multirun.yaml`` lists but that never started, are returned as :class:`Failed` entries; they are never
-counted in n. Statistics (flatbnn/reproduce/stats.py, shared with the paper comparisons): mean and ``statistics.stdev``
-(ddof = 1) over the seeds; n = 1 has no std; a seed whose value is NaN / inf / missing is left out of the cell's mean
-and std and counted beside it (``[1/3 non-finite]``; ``nan [3/3 non-finite]`` when none is finite).
+counted in n. Statistics (flatbnn/reproduce/stats.py, shared with the paper comparisons): mean and
+``statistics.stdev`` (ddof = 1) over the seeds; n = 1 has no std; a seed whose value is NaN / inf / missing is left
+out of the cell's mean and std and counted beside it (``[1/3 non-finite]``; ``nan [3/3 non-finite]`` when none is
+finite).
 
 Library use (scripts/aggregate.py is the command line)::
 

@@ -157,6 +157,11 @@ def _by_seed(runs: list[dict], values: list) -> dict:
             if is_finite(v) and (r.get("meta") or {}).get("seed") is not None}
 
 
+def _seed_values(runs: list[dict], path: str, metric: str, unit: str | None) -> list:
+    """Each run's value at ``path`` in the paper's unit; non-finite / missing values kept as they are (NaN policy)."""
+    return [_to_paper_unit(v, metric, unit) if is_finite(v := _get(r["metrics"], path)) else v for r in runs]
+
+
 def _stats(values: list) -> dict:
     """``{mean, std, n, nonfinite}`` over seeds (the record's ``ours_*`` keys; NaN policy of reproduce/stats.py)."""
     st = seed_stats(values)
@@ -175,8 +180,7 @@ def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | No
                 continue
             our_cell, path = _paper_to_ours(row, pc["cell"], metric, scale)
             entry = ours["cells"].get(our_cell)
-            values = [_to_paper_unit(_get(r["metrics"], path), metric, spec.get("unit")) if is_finite(
-                _get(r["metrics"], path)) else _get(r["metrics"], path) for r in (entry or {}).get("runs", [])]
+            values = _seed_values((entry or {}).get("runs", []), path, metric, spec.get("unit"))
             st = _stats(values)
             rec = {"cell": pc["cell"], "our_cell": our_cell, "metric": metric, "unit": spec.get("unit"),
                    "better": spec.get("better"), "paper_mean": printed.get("mean"), "paper_std": printed.get("std"),
@@ -240,8 +244,7 @@ def _ours_table(ours: dict, metrics: dict) -> list[dict]:
     for cid, entry in ours["cells"].items():
         for metric, spec in metrics.items():
             path = spec.get("results_key") or METRIC_PATHS.get(metric, metric)
-            values = [_to_paper_unit(v, metric, spec.get("unit")) if is_finite(v := _get(r["metrics"], path)) else v
-                      for r in entry["runs"]]
+            values = _seed_values(entry["runs"], path, metric, spec.get("unit"))
             st = _stats(values)
             if entry["blocked"]:
                 state = f"blocked: {entry['blocked']}"

@@ -56,9 +56,6 @@ class SeedStats:
         lo, hi = sps.t.interval(level, self.n - 1, loc=self.mean, scale=self.sem)
         return float(lo), float(hi)
 
-    def nonfinite_note(self) -> str:
-        return nonfinite_note(self.n, self.n_nonfinite)
-
 
 def nonfinite_note(n: int, n_nonfinite: int) -> str:
     """`` [k/N non-finite]`` when k of N seeds were left out, else empty: what every table prints beside a number."""

@@ -21,7 +21,8 @@ _PUBLIC = {
     "RandomSAM": "flatbnn.flatness.random", "NoFlatness": "flatbnn.flatness.none",
     "Backprop": "flatbnn.engine.backprop",
     "SWAG": "flatbnn.methods.swag", "MAP": "flatbnn.methods.map", "SGLD": "flatbnn.methods.sgld",
-    "attach": "flatbnn.api",
+    "attach": "flatbnn.api", "SWAGModel": "flatbnn.api", "keep_bn_stats": "flatbnn.api",
+    "SAMOptimizer": "flatbnn.optim.sam_optimizer", "FisherSAMOptimizer": "flatbnn.optim.sam_optimizer",
 }
 _SUBMODULES = ("metrics", "flatness", "methods", "models")
 

@@ -9,8 +9,9 @@ chose the cheaper variant, so "ours is faster than the reference" is never won b
 * :class:`ReferenceSAM` -- davda54/sam's interface: a wrapper optimiser; ``first_step`` moves every
   parameter with a gradient by e_w = rho * g / (||g|| + 1e-12) (adaptive: e_w = rho * w^2 g /
   (||w g|| + 1e-12), the norm over all tensors, biases included), remembering the old weights;
-  ``second_step`` puts the old weights back and steps the base optimiser. BatchNorm running
-  statistics are frozen on the second pass by setting momentum to 0 (the port's documented recipe).
+  ``second_step`` puts the old weights back and steps the base optimiser (both take davda54's ``zero_grad``
+  flag, default False). BatchNorm running statistics are frozen on the second pass by setting momentum to 0
+  (the port's documented recipe). tests/test_sam_optimizer.py uses it as the oracle of ``flatbnn.SAMOptimizer``.
 * :class:`ReferenceSWAG` -- swa_gaussian's SWAG: per parameter tensor a running mean, a running
   second moment and a deviation matrix to which each collection appends one row (dropping the
   oldest beyond ``max_num_models``); sampling: mean + sqrt(scale) (sqrt(var) z1 + D^T z2 /
@@ -51,7 +52,7 @@ class ReferenceSAM(torch.optim.Optimizer):
         return torch.stack(norms).norm(p=2)
 
     @torch.no_grad()
-    def first_step(self) -> None:
+    def first_step(self, zero_grad: bool = False) -> None:
         norm = self._grad_norm()
         for group in self.param_groups:
             scale = group["rho"] / (norm + 1e-12)
@@ -60,16 +61,18 @@ class ReferenceSAM(torch.optim.Optimizer):
                     continue
                 self.state[p]["old_p"] = p.detach().clone()
                 p.add_((p * p if group["adaptive"] else 1.0) * p.grad * scale)
-        self.zero_grad(set_to_none=True)
+        if zero_grad:
+            self.zero_grad(set_to_none=True)
 
     @torch.no_grad()
-    def second_step(self) -> None:
+    def second_step(self, zero_grad: bool = False) -> None:
         for group in self.param_groups:
             for p in group["params"]:
                 if "old_p" in self.state[p]:
                     p.copy_(self.state[p]["old_p"])
         self.base_optimizer.step()
-        self.zero_grad(set_to_none=True)
+        if zero_grad:
+            self.zero_grad(set_to_none=True)
 
 
 @contextmanager
@@ -91,12 +94,12 @@ def reference_sam_step(model: nn.Module, optimizer: ReferenceSAM, x, y, dtype=No
     with autocast(x.device, dtype):
         loss = F.cross_entropy(model(x).float(), y)
     loss.backward()
-    optimizer.first_step()
+    optimizer.first_step(zero_grad=True)
     with frozen_bn_stats(model):
         with autocast(x.device, dtype):
             second = F.cross_entropy(model(x).float(), y)
         second.backward()
-    optimizer.second_step()
+    optimizer.second_step(zero_grad=True)
     return loss.detach()
 
 

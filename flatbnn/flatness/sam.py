@@ -120,6 +120,19 @@ class SAM(Flatness):
                 eps[i] = torch.where(finite, n, torch.zeros_like(n)).to(params[i].dtype)
         return [torch.zeros_like(p) if e is None else e for p, e in zip(params, eps)]
 
+    @torch.no_grad()
+    def move(self, params, eps, perturb=None) -> None:
+        """w -> w + eps on the parameters ``perturb`` marks (all when None), keeping w for :meth:`restore`. Shared by
+        the two-pass step below and davda54/sam's first_step (``flatbnn.optim.sam_optimizer.SAMOptimizer``)."""
+        torch._foreach_copy_(self.saved_buffers(params), params)  # restoring by copy keeps rho=0 exact
+        moved = [i for i in range(len(params)) if perturb is None or perturb[i]]
+        torch._foreach_add_([params[i] for i in moved], [eps[i] for i in moved])
+
+    @torch.no_grad()
+    def restore(self, params) -> None:
+        """Back to the w that the last :meth:`move` of these ``params`` kept, bit for bit."""
+        torch._foreach_copy_(params, self._saved)
+
     # ------------------------------------------------------------------ the two passes
     def gradient(self, params, loss_fn, batch, backprop, scaling=None, perturb=None) -> torch.Tensor:
         self._chunk_index = 0  # chunk_gradient counts the m-sharpness chunks of this step (bn_chunks)
@@ -147,11 +160,8 @@ class SAM(Flatness):
         grads = backprop.unscaled_grads(params)
         eps = self.perturbation(params, grads, scaling, names, perturb)
 
+        self.move(params, eps, perturb)
         with torch.no_grad():
-            saved = self.saved_buffers(params)
-            torch._foreach_copy_(saved, params)  # restoring by copy keeps rho=0 exact
-            moved = [i for i in range(len(params)) if perturb[i]]
-            torch._foreach_add_([params[i] for i in moved], [eps[i] for i in moved])
             for p, g in zip(params, accumulated):
                 p.grad = g  # the second pass accumulates onto earlier chunks' gradients
         if rng is not None:
@@ -159,8 +169,7 @@ class SAM(Flatness):
         with (nullcontext() if sync else backprop.no_sync()), \
                 backprop.bn_updates(self._bn_pass(("second", "both"))):
             backprop.backward(scaled(backprop.forward(loss_fn, chunk), share))
-        with torch.no_grad():
-            torch._foreach_copy_(params, saved)
+        self.restore(params)
         self._chunk_index += 1
         return loss.detach()
 

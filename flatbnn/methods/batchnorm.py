@@ -39,6 +39,10 @@ def refresh_batchnorm(module: nn.Module, loader, device, fraction: float = 1.0, 
     """Recompute running mean/var of every BatchNorm in ``module`` on ``fraction`` of ``loader``."""
     if not has_batchnorm(module):
         return  # e.g. ResNet-20-FRN: nothing to refresh
+    if loader is None:  # before any weight is written or statistic reset
+        raise ValueError("the network has BatchNorm and its statistics are refreshed for each weight sample, which "
+                         "needs the training batches: flatbnn.attach(..., train_loader=loader), or the method's "
+                         "bn_refresh=False to keep the statistics it has")
     n = None if fraction >= 1.0 else max(1, math.ceil(fraction * len(loader)))
     was_training = module.training
     update_bn(_Inputs(loader, device, n, channels_last), module, device=None)

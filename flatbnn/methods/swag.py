@@ -74,8 +74,9 @@ class SWAG(Method):
                             else int(self.swa_start))
 
     @torch.no_grad()
-    def collect(self) -> None:
-        w = flatten(self.parameters())
+    def collect(self, weights: torch.Tensor | None = None) -> None:
+        """Add the current weights (or ``weights``, a flat vector in ``parameters()`` order) to the moments."""
+        w = flatten(self.parameters()) if weights is None else weights
         n = self.n_collected
         self.mean.mul_(n / (n + 1)).add_(w / (n + 1))
         self.sq_mean.mul_(n / (n + 1)).add_(w * w / (n + 1))
@@ -113,8 +114,10 @@ class SWAG(Method):
         return torch.clamp(self.sq_mean - self.mean ** 2, min=1e-30)
 
     @torch.no_grad()
-    def sample_vector(self, generator: torch.Generator) -> torch.Tensor:
-        if self.mode == "swa" or self.scale == 0.0:
+    def sample_vector(self, generator: torch.Generator | None, scale: float | None = None) -> torch.Tensor:
+        """One flat weight sample; ``scale`` overrides the mode's (0: the mean, as swa_gaussian's sample(0.0))."""
+        scale = self.scale if scale is None else float(scale)
+        if self.mode == "swa" or scale == 0.0:
             return self.mean.clone()
         z1 = torch.randn(self.mean.shape, generator=generator, device=self.mean.device, dtype=self.mean.dtype)
         w = self.variance.sqrt() * z1
@@ -122,7 +125,7 @@ class SWAG(Method):
         if self.mode == "swag" and k > 1:
             z2 = torch.randn(k, generator=generator, device=self.mean.device, dtype=self.mean.dtype)
             w = w + (self._dev[:k].T @ z2) / math.sqrt(k - 1)
-        return self.mean + math.sqrt(self.scale) * w
+        return self.mean + math.sqrt(scale) * w
 
     @torch.no_grad()
     def predict(self, loaders, num_samples=None):
@@ -147,17 +150,22 @@ class SWAG(Method):
                 b.copy_(buffers[n])
 
     # ---------------------------------------------------------------- state
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "n_collected": self.n_collected, "mean": self.mean,
-                "sq_mean": self.sq_mean, "deviations": self._dev, "dev_count": self._dev_count,
-                "steps": self._steps,
-                "epoch": self._epoch}
+    def posterior_state(self) -> dict:
+        """The moments a sample is drawn from (no training state: ``flatbnn.SWAGModel`` saves only these)."""
+        return {"n_collected": self.n_collected, "mean": self.mean, "sq_mean": self.sq_mean,
+                "deviations": self._dev, "dev_count": self._dev_count}
 
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
+    def load_posterior_state(self, state: dict) -> None:
         self.n_collected = state["n_collected"]
         self.mean, self.sq_mean = state["mean"].to(self.mean), state["sq_mean"].to(self.sq_mean)
         self._dev, self._dev_count = state["deviations"].to(self.mean), state["dev_count"]
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), **self.posterior_state(), "steps": self._steps, "epoch": self._epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.load_posterior_state(state)
         self._steps, self._epoch = state["steps"], state["epoch"]
 
     def describe(self) -> dict:

@@ -135,3 +135,48 @@ def test_python_warnings_and_the_resume_line_go_to_train_log(tmp_path):
     train_cli([*args, "trainer.epochs=2", "trainer.resume_overrides=[trainer.epochs]"], run)
     resumed = [ln for ln in (run / "train.log").read_text().splitlines() if ln.startswith("resuming from")]
     assert len(resumed) == 1 and "last.pt" in resumed[0] and "trainer.epochs=2 applied (was 1)" in resumed[0], resumed
+
+
+# ------------------------------------------------------------------------------ W&B: final/* in the history
+def _wandb_history(run_dir) -> list[dict]:
+    """The history rows of an offline W&B run, read from its ``run-<id>.wandb`` transaction log: a header of 7
+    bytes (":W&B", magic, version), then 32 KiB blocks of chunks (crc32, length, type; LevelDB's log format), each
+    record a ``wandb_internal_pb2.Record``."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    data, pos, chunk, rows = path.read_bytes(), 7, b"", []
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a chunk header is padding
+            pos += 32768 - pos % 32768
+            continue
+        _crc, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        chunk, pos = chunk + data[pos + 7:pos + 7 + n], pos + 7 + n
+        if kind in (1, 4):  # FULL, LAST
+            record = pb.Record()
+            record.ParseFromString(chunk)
+            chunk = b""
+            if record.WhichOneof("record_type") == "history":
+                rows.append({"_step": record.history.step.num,
+                             **{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}})
+    return rows
+
+
+def test_wandb_history_holds_the_final_predictive(tmp_path):
+    """``final/*`` used to be logged at the last epoch's step after that row was committed: W&B dropped it
+    ("Tried to log to step 4 that is less than the current step 5")."""
+    pytest.importorskip("wandb")
+    from flatbnn.engine.loggers import WandbLogger
+
+    lg = WandbLogger(tmp_path, {"seed": 0}, mode="offline")
+    lg.log_epoch({"epoch": 1, "step": 2, "test/accuracy": 0.5})
+    lg.log_epoch({"epoch": 2, "step": 4, "test/accuracy": 0.6})
+    lg.log_results({"metrics": {"accuracy": 0.75, "nll": 0.5, "note": "not a number"}})
+    lg.finish()
+    rows = _wandb_history(tmp_path)
+    assert [(r["_step"], r.get("epoch")) for r in rows[:2]] == [(2, 1), (4, 2)], rows
+    final = [r for r in rows if "final/accuracy" in r]
+    assert len(final) == 1 and final[0]["_step"] > 4, rows
+    assert (final[0]["final/accuracy"], final[0]["final/nll"]) == (0.75, 0.5) and "final/note" not in final[0]

@@ -86,10 +86,34 @@ def test_a_run_at_chance_warns(tmp_path, capsys):
     assert "at chance" in (tmp_path / "run" / "train.log").read_text()
 
 
+def test_no_chance_warning_on_ten_test_images(tmp_path, capsys):
+    """The freshly initialised MLP of test_a_run_at_chance_warns, tested on 10 images: nothing to conclude."""
+    res = run_cfg(["model=mlp", "trainer.epochs=0", "dataset.test_subset=10"], tmp_path / "run")
+    assert res["meta"]["budget"]["test_size"] == 10 and res["metrics"]["accuracy"] <= 0.3, res["metrics"]
+    assert "at chance" not in capsys.readouterr().err
+
+
+def test_the_start_line_shows_the_flatness_hyperparameters():
+    """F-SAM's eta is as decisive as rho (eta=0 is SAM); the start line said only fsam(rho=0.1)."""
+    from flatbnn import ASAM, SAM, FisherSAM, NoFlatness
+    from flatbnn.engine.report import start_line
+
+    def shown(flat):
+        line = start_line(dataset="digits", n_train=1, n_test=1, model="mlp", n_params=1, method="map",
+                          flatness=flat.describe(), epochs=1, steps_per_epoch=1, batch_size=1, device="cpu", run_dir=".")
+        return line.split(" | ")[2]
+
+    assert shown(FisherSAM(rho=0.1, eta=1.0)) == "map x fsam(rho=0.1, eta=1)"
+    assert shown(ASAM(rho=0.5, eta=0.01)) == "map x asam(rho=0.5, eta=0.01)"
+    assert shown(SAM(rho=0.05)) == "map x sam(rho=0.05)" and shown(NoFlatness()) == "map x none"
+
+
 def test_at_chance_threshold_and_snapshot_counts():
     from flatbnn.engine.report import at_chance, degenerate_run_warnings
     assert at_chance(0.10, 10, 360) and at_chance(0.147, 10, 360) and not at_chance(0.148, 10, 360)
     assert not at_chance(None, 10, 360) and not at_chance(0.5, 2, 0)
+    # 10 test images or fewer (smoke scale: 2) decide nothing; 11 do
+    assert not at_chance(0.0, 10, 10) and not at_chance(0.0, 2, 2) and at_chance(0.0, 10, 11)
     ok = {"accuracy": 0.9}
     assert degenerate_run_warnings(ok, {"name": "swag", "n_collected": 2}, 10, 360) == []
     assert len(degenerate_run_warnings(ok, {"name": "swag", "n_collected": 1}, 10, 360)) == 1

@@ -3,7 +3,7 @@
 #   make test    runs the test suite (the README's and CI's test command)
 VENV   ?= .venv
 PY     ?= $(VENV)/bin/python
-# torch 2.14.1 / torchvision 0.29.1 are what the dev and CI machines hold on disk; any torch >= 2.3 works.
+# torch 2.14.1 / torchvision 0.29.1 are what the dev and CI machines hold on disk; any torch >= 2.11 works (pyproject.toml's floor).
 TORCH  ?= torch==2.14.1 torchvision==0.29.1
 DEMO_DIR ?= outputs/demo
 

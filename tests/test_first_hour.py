@@ -244,3 +244,22 @@ def test_the_last_epoch_line_reaches_a_redirected_stdout_before_the_final_predic
         p.kill()
     assert seen == (False, False), seen  # still computing the final predictive
     assert "flatbnn: done" in out.read_text()
+
+
+# ------------------------------------------------------------------------------ install lines
+def test_every_torch_floor_named_is_pyprojects():
+    """The Makefile said "any torch >= 2.3 works" while pyproject.toml, the README and docs/cluster.md say 2.11."""
+    floor = re.search(r'"torch>=([\d.]+)"', (REPO / "pyproject.toml").read_text()).group(1)
+    named = {}
+    for path in [REPO / "Makefile", REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
+        for m in re.finditer(r"\btorch\s*(?:>=|≥)\s*([\d.]+)", path.read_text()):
+            named.setdefault(m.group(1), []).append(path.name)
+    assert set(named) == {floor}, named
+    assert "Makefile" in named[floor] and "README.md" in named[floor]
+
+
+def test_readme_installs_the_cpu_torch_before_the_package():
+    """`pip install .` on a machine without a GPU pulls torch's CUDA build (GBs) unless torch is there already."""
+    readme = (REPO / "README.md").read_text()
+    cpu = readme.index("pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu\n")
+    assert readme.index("pip install .\n", cpu) > cpu

@@ -62,6 +62,9 @@ grep -q "^  epochs: 7$" mine.yaml || fail "--config-dir: trainer.epochs is not 7
 flatbnn-train dataset=digits model=mlp trainer.epochs=1 trainer.progress=false trainer.reliability_diagram=false \
   hydra.run.dir=run > train.out 2>&1 || { cat train.out; fail "training failed"; }
 flatbnn-eval run=run > eval.out 2>&1 || { cat eval.out; fail "flatbnn-eval failed"; }
+# its messages name the command the user typed, not the checkout's evaluate.py
+! flatbnn-eval > noarg.out 2>&1 && grep -q "flatbnn-eval run=<run dir>" noarg.out && ! grep -q "evaluate.py" noarg.out ||
+  fail "flatbnn-eval's usage line: $(cat noarg.out)"
 "$V" - <<'EOF' || fail "the installed run's results are wrong"
 import json
 run = json.load(open("run/results.json"))

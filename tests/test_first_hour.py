@@ -263,3 +263,27 @@ def test_readme_installs_the_cpu_torch_before_the_package():
     readme = (REPO / "README.md").read_text()
     cpu = readme.index("pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu\n")
     assert readme.index("pip install .\n", cpu) > cpu
+
+
+# ------------------------------------------------------------------------------ flatbnn-eval names itself
+@pytest.mark.parametrize("argv0, name", [("/venv/bin/flatbnn-eval", "flatbnn-eval"),
+                                         ("C:/venv/Scripts/flatbnn-eval.exe", "flatbnn-eval"),
+                                         ("evaluate.py", "evaluate.py"), ("/repo/flatbnn/evaluate.py", "evaluate.py")])
+def test_flatbnn_eval_messages_name_the_command_run(argv0, name, monkeypatch, capsys):
+    """Started as the installed `flatbnn-eval`, its errors and --help used to say `python evaluate.py`, a file the
+    user does not have."""
+    from flatbnn.evaluate import main
+
+    monkeypatch.setattr(sys, "argv", [argv0])
+    other = "evaluate.py" if name == "flatbnn-eval" else "flatbnn-eval run="
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    usage = "flatbnn-eval run=<run dir>" if name == "flatbnn-eval" else "python evaluate.py run=<run dir>"
+    assert err.startswith("flatbnn: error: name the finished run") and usage in err and other not in err, err
+    assert main(["--bad"]) == 2
+    err = capsys.readouterr().err
+    assert f"unknown option --bad: {name} takes run=<run dir>" in err and other not in err, err
+    assert main(["--help"]) == 0
+    examples = [ln.strip() for ln in capsys.readouterr().out.splitlines() if " run=" in ln and "RUN" in ln]
+    prefix = "flatbnn-eval run=" if name == "flatbnn-eval" else "python evaluate.py run="
+    assert len(examples) == 2 and all(ln.startswith(prefix) for ln in examples), examples

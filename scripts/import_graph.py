@@ -33,6 +33,7 @@ END = "<!-- import-graph:end -->"
 # One entry per sub-package or root module of flatbnn (a dotted entry places one module on its own); the order is
 # what the code needs, read off its imports:
 #   resources/atomic_io/runlog/utils: leaf helpers (paths, atomic writes, the run log's warn, dict flattening);
+#   build_info: flatbnn's version and the commit a wheel was built from (setup.py loads it by path);
 #   schema: the trainer / metrics config dataclasses (registered in Hydra's ConfigStore when resources is imported);
 #   keyroles: what each config key changes (read by the resume check, the aggregation and evaluate.py)
 #   nn: Bayesian layers; models: architectures; data: data sets and loaders (no model, no engine)
@@ -45,7 +46,7 @@ END = "<!-- import-graph:end -->"
 #   ``python -m flatbnn.reproduce.eval_job``: it calls evaluate.py's routine; nothing imports it)
 # flatbnn/__init__.py (the lazy top-level namespace) sits above them all.
 LAYERS: list[set[str]] = [
-    {"resources", "schema", "atomic_io", "runlog", "utils", "keyroles"},
+    {"resources", "schema", "atomic_io", "runlog", "utils", "keyroles", "build_info"},
     {"nn"},
     {"models"},
     {"data"},

@@ -91,6 +91,8 @@ def test_no_chance_warning_on_ten_test_images(tmp_path, capsys):
     res = run_cfg(["model=mlp", "trainer.epochs=0", "dataset.test_subset=10"], tmp_path / "run")
     assert res["meta"]["budget"]["test_size"] == 10 and res["metrics"]["accuracy"] <= 0.3, res["metrics"]
     assert "at chance" not in capsys.readouterr().err
+    from flatbnn import __version__
+    assert res["meta"]["flatbnn_version"] == __version__  # which flatbnn made it (a wheel's commit: below)
 
 
 def test_the_start_line_shows_the_flatness_hyperparameters():
@@ -287,3 +289,54 @@ def test_flatbnn_eval_messages_name_the_command_run(argv0, name, monkeypatch, ca
     examples = [ln.strip() for ln in capsys.readouterr().out.splitlines() if " run=" in ln and "RUN" in ln]
     prefix = "flatbnn-eval run=" if name == "flatbnn-eval" else "python evaluate.py run="
     assert len(examples) == 2 and all(ln.startswith(prefix) for ln in examples), examples
+
+
+# ------------------------------------------------------------------------------ an installed wheel's provenance
+def _git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_the_build_records_the_checkouts_commit_and_an_installed_package_reports_it(tmp_path, monkeypatch):
+    """An installed wheel recorded `git: {commit: unknown}` (no history): now its build step records the commit."""
+    from flatbnn import build_info
+    from flatbnn.engine import provenance
+
+    monkeypatch.delenv("FLATBNN_COMMIT", raising=False)
+    repo = tmp_path / "checkout"
+    (repo / "sub").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    (repo / "setup.py").write_text("# v1\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "c")
+    head = _git(repo, "rev-parse", "HEAD")
+    assert build_info.at_build(repo) == {"commit": head, "dirty": False}
+    (repo / "setup.py").write_text("# v2\n")
+    assert build_info.at_build(repo) == {"commit": head, "dirty": True}
+    # a copy of the tree inside some other repository: that one's history is not this code's
+    assert build_info.at_build(repo / "sub") == {"commit": "unknown", "dirty": None}
+    monkeypatch.setenv("FLATBNN_COMMIT", "1169f6a0")  # .ci/wheel_check.sh builds a copy and names the commit
+    assert build_info.at_build(repo / "sub") == {"commit": "1169f6a0", "dirty": None}
+    monkeypatch.delenv("FLATBNN_COMMIT")
+
+    installed = tmp_path / "site-packages" / "flatbnn"
+    installed.mkdir(parents=True)
+    build_info.write(installed, build_info.at_build(repo))
+    monkeypatch.setattr(build_info, "PACKAGE", installed)
+    monkeypatch.setattr(provenance, "REPO_DIR", None)  # resources.CHECKOUT of an installed wheel
+    assert provenance.git_commit() == {"commit": head, "dirty": True}
+    monkeypatch.setattr(build_info, "PACKAGE", tmp_path)  # no record (a copied tree): as before
+    assert provenance.git_commit() == {"commit": "unknown", "dirty": None}
+
+
+def test_setup_py_build_step_writes_the_build_info_beside_the_package(tmp_path):
+    """setup.py's build_py (what `pip wheel` / `pip install .` run) puts _build_info.json into the built package,
+    and nothing into the checkout."""
+    from flatbnn import build_info
+
+    p = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(tmp_path)], cwd=REPO,
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "FLATBNN_COMMIT": ""})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert build_info.read(tmp_path / "flatbnn") == build_info.git_state(REPO)
+    assert build_info.read() is None and not (REPO / "flatbnn" / build_info.FILE).exists()
+    assert (tmp_path / "flatbnn" / "configs" / "config.yaml").is_file()  # the build's copy, shipped data included

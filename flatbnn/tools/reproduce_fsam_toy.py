@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -30,7 +29,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.patches import Ellipse  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flatbnn.metrics.reliability import save_png  # noqa: E402
 from flatbnn.engine.checkpoint import write_text  # noqa: E402
 from flatbnn.engine.provenance import git_commit  # noqa: E402

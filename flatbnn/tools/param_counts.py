@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+from flatbnn import resources
 from flatbnn.models import create_model  # noqa: E402
 from flatbnn.models.reference import CIFAR, MODEL_REFS, ModelRef, count_parameters  # noqa: E402
 
@@ -46,7 +43,7 @@ def count(name: str, kw: dict, num_classes: int, shape: tuple[int, ...], basis: 
     return count_parameters(model, basis)
 
 
-def count_rows(config_dir: Path = ROOT / "configs" / "model") -> list[dict]:
+def count_rows(config_dir: Path = resources.CONFIGS_DIR / "model") -> list[dict]:
     rows = []
     for path in sorted(config_dir.glob("*.yaml")):
         name, kw = config_kwargs(path)

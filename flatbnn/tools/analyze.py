@@ -44,8 +44,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from flatbnn import resources  # noqa: E402
 from flatbnn.engine.checkpoint import write_json, write_text  # noqa: E402
 
 
@@ -517,7 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("overhead", help="FSAM/SAM, ASAM/SAM step-time ratios of a benchmark JSON vs the paper (Sec. 5.7)")
     p.add_argument("benchmark", help="scripts/benchmark.py --json output")
-    p.add_argument("--paper", default=str(Path(__file__).resolve().parents[1] / "results" / "paper" / "fsam_overhead.yaml"))
+    p.add_argument("--paper", default=str(resources.PAPER_DIR / "fsam_overhead.yaml"))
     p.add_argument("--out", required=True, help="*.png (JSON and Markdown beside) or *.json")
     p.set_defaults(func=cmd_overhead)
     return ap

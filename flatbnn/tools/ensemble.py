@@ -20,7 +20,6 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flatbnn.engine.checkpoint import load_checkpoint, write_json  # noqa: E402
 from flatbnn.engine.provenance import git_commit, hardware  # noqa: E402

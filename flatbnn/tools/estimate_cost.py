@@ -31,15 +31,13 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from flatbnn.cli import EXIT_CONFIG  # noqa: E402
+from flatbnn import resources
+from flatbnn.cli import EXIT_CONFIG
 # the per-run formula lives with the measured rates (the dry runs and the campaign use both); names kept here
 from flatbnn.reproduce.cost import (SPLIT_SIZES, TWO_PASS_FLATNESS, TWO_PASS_METHODS, CostError,  # noqa: E402,F401
                                     RunCost, estimate, forward_flops, run_cost)
 
-DOCS = ROOT / "docs" / "cluster.md"
+DOCS = resources.project_root() / "docs" / "cluster.md"  # --write-docs: a checkout's
 START, END = "<!-- cost-table:start -->", "<!-- cost-table:end -->"
 LONGEST_SHOWN = 4  # rows whose longest run is listed under the table
 HEADER = ("row", "runs (cells × seeds)", "networks (forward GFLOPs / image)", "two-pass share", "est. PFLOP",

@@ -26,7 +26,6 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flatbnn.metrics.reliability import save_png  # noqa: E402
 from flatbnn.engine.checkpoint import write_json  # noqa: E402
 from flatbnn.reproduce.aggregate import load_runs  # noqa: E402

@@ -18,7 +18,6 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flatbnn.reproduce.aggregate import (  # noqa: E402,F401  (re-exported for `from scripts.aggregate import ...`)
     METRICS, STATS_NOTE, DuplicateSeedError, Failed, Group, Run, aggregate, aggregate_paths, config_diff,

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -37,7 +36,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flatbnn.metrics.reliability import save_png  # noqa: E402
 from flatbnn.engine.provenance import git_commit  # noqa: E402
 from flatbnn.toys.fsam_gaussian import DTYPE, KL_OFFSET_PAPER, GaussianMixtureLoss, find_minima  # noqa: E402

@@ -40,19 +40,18 @@ repository (refused).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+from flatbnn import resources  # noqa: E402
 from flatbnn.atomic_io import save_npy, write_json  # noqa: E402
 from flatbnn.data.cifar import load_cifar10_arrays  # noqa: E402
 from flatbnn.data.cifar10_c import GENERATED_MARKER, GROUPS  # noqa: E402
 from flatbnn.data.corruptions import corrupt, implemented  # noqa: E402
+
+ROOT = resources.CHECKOUT  # None: an installed package, no repository to keep data out of
 
 
 def parse_corruptions(text: str) -> list[str]:
@@ -72,7 +71,7 @@ def parse_corruptions(text: str) -> list[str]:
 def generate(root, out, subset=None, corruptions=None, seed=0, cache_dir=None, verbose=True) -> dict:
     """Write ``<out>/<corruption>.npy`` and ``<out>/labels.npy``; returns a summary dict."""
     out = Path(out).expanduser().resolve()
-    if (ROOT / ".git").exists() and (out == ROOT or ROOT in out.parents):
+    if ROOT is not None and (ROOT / ".git").exists() and (out == ROOT or ROOT in out.parents):
         raise SystemExit(f"refusing to write generated data inside the repository ({out}); choose --out elsewhere")
     names = list(corruptions or implemented())
     data, _, layout = load_cifar10_arrays(root, None, subset, False, cache_dir, key="--root", splits=("test",))

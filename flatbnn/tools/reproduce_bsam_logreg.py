@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -38,8 +37,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.patches import Ellipse  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 from flatbnn.metrics.reliability import save_png  # noqa: E402
 from flatbnn.engine.provenance import git_commit, hardware  # noqa: E402
 from flatbnn.toys.logreg2d import (  # noqa: E402

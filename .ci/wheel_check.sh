@@ -82,6 +82,10 @@ assert run["meta"]["flatbnn_version"] == flatbnn.__version__ == importlib.metada
 print(f"wheel_check: digits accuracy {acc:.4f} (train and flatbnn-eval agree)")
 EOF
 
+# the commands of scripts/ ship in the package (flatbnn/tools/)
+flatbnn-analyze --help > /dev/null && "$V" -m flatbnn.tools.reproduce_fsam_toy --help > /dev/null ||
+  fail "flatbnn/tools/ is not in the wheel"
+
 # the shipped rows compose against the shipped configs; an installed package sweeps under the current directory
 flatbnn-reproduce list > rows.txt && grep -q "^flatbnn_t2" rows.txt || fail "flatbnn-reproduce list: $(head -3 rows.txt)"
 flatbnn-reproduce run fsam_fig4_train --scale smoke --dry-run > row.out 2>&1 || { cat row.out; fail "a row's dry run"; }

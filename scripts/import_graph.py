@@ -43,7 +43,8 @@ END = "<!-- import-graph:end -->"
 #   api: the public hooks; cli: the entry points' shared error lines and exit codes
 #   bench, reproduce: benchmarks, campaigns, aggregation above the engine
 #   entry points: train.py, evaluate.py, torchrun, and reproduce/eval_job.py (one eval job, run as
-#   ``python -m flatbnn.reproduce.eval_job``: it calls evaluate.py's routine; nothing imports it)
+#   ``python -m flatbnn.reproduce.eval_job``: it calls evaluate.py's routine; nothing imports it), and tools: the
+#   commands a user runs (scripts/<name>.py call them; analyze uses evaluate's builder, aggregate reproduce's tables)
 # flatbnn/__init__.py (the lazy top-level namespace) sits above them all.
 LAYERS: list[set[str]] = [
     {"resources", "schema", "atomic_io", "runlog", "utils", "keyroles", "build_info"},
@@ -59,7 +60,7 @@ LAYERS: list[set[str]] = [
     {"api"},
     {"cli"},
     {"bench", "reproduce"},
-    {"train", "evaluate", "torchrun", "reproduce.eval_job"},
+    {"train", "evaluate", "torchrun", "reproduce.eval_job", "tools"},
 ]
 
 Graph = dict[str, set[str]]

@@ -369,3 +369,41 @@ def test_compare_leaves_the_committed_comparison_alone_unless_asked(tmp_path):
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in committed.rglob("*") if p.is_file()} == before
     ours, theirs = (json.loads((d / "cpu.json").read_text()) for d in (page.parent, committed))
     assert ours["jobs"] == theirs["jobs"] and sum(v == "done" for c in ours["jobs"].values() for v in c.values()) == 6
+
+
+# ------------------------------------------------------------------------------ scripts/ are thin entries
+# scripts whose code still lives in scripts/: maintainers' tools for this checkout's own docs (import_graph,
+# readme_options), and three that other branches of issue 44 were editing when the rest moved (benchmark,
+# gpu_probe, campaign: to move next)
+SCRIPTS_WITH_THEIR_CODE = {"import_graph", "readme_options", "benchmark", "gpu_probe", "campaign"}
+
+
+def test_every_script_a_user_runs_is_a_thin_entry_into_the_package():
+    """An installed package lacked analyze, sweep_heatmap, ensemble, ...: their code lived only in scripts/."""
+    import ast
+    import importlib
+
+    entries = {}
+    for path in sorted((REPO / "scripts").glob("*.py")):
+        if path.stem in SCRIPTS_WITH_THEIR_CODE:
+            continue
+        tree = ast.parse(path.read_text())
+        imports = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module.startswith("flatbnn.")]
+        defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.Assign))]
+        assert len(imports) == 1 and [a.name for a in imports[0].names] == ["main"] and not defs, path.name
+        assert callable(importlib.import_module(imports[0].module).main)
+        entries[path.stem] = imports[0].module
+    assert len(entries) >= 13 and entries["analyze"] == "flatbnn.tools.analyze", entries
+    assert {m for m in entries.values() if m.startswith("flatbnn.tools.")} == \
+        {f"flatbnn.tools.{p.stem}" for p in (REPO / "flatbnn" / "tools").glob("*.py") if p.stem != "__init__"}
+
+
+def test_a_tool_runs_from_outside_the_checkout_as_a_module_and_as_its_script(tmp_path):
+    """`python -m flatbnn.tools.sweep_heatmap` (an installed package) and `python scripts/sweep_heatmap.py` (a
+    checkout) are the same command."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    helps = [subprocess.run([sys.executable, *how, "--help"], capture_output=True, text=True, cwd=tmp_path, env=env,
+                            timeout=120) for how in (["-m", "flatbnn.tools.sweep_heatmap"],
+                                                     [str(REPO / "scripts" / "sweep_heatmap.py")])]
+    assert [p.returncode for p in helps] == [0, 0], [p.stderr[-500:] for p in helps]
+    assert "--metric" in helps[0].stdout and helps[0].stdout.split("\n", 1)[1] == helps[1].stdout.split("\n", 1)[1]

@@ -1,0 +1,10 @@
+#!/usr/bin/env python
+"""`python scripts/estimate_cost.py ...` in a checkout: flatbnn/tools/estimate_cost.py (its --help; installed: python -m flatbnn.tools.estimate_cost)."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout's flatbnn, installed or not
+from flatbnn.tools.estimate_cost import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())

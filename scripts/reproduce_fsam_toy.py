@@ -1,0 +1,10 @@
+#!/usr/bin/env python
+"""`python scripts/reproduce_fsam_toy.py ...` in a checkout: flatbnn/tools/reproduce_fsam_toy.py (its --help; installed: python -m flatbnn.tools.reproduce_fsam_toy)."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout's flatbnn, installed or not
+from flatbnn.tools.reproduce_fsam_toy import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,10 @@
+#!/usr/bin/env python
+"""`python scripts/sweep_heatmap.py ...` in a checkout: flatbnn/tools/sweep_heatmap.py (its --help; installed: python -m flatbnn.tools.sweep_heatmap)."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout's flatbnn, installed or not
+from flatbnn.tools.sweep_heatmap import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -164,30 +164,45 @@ def test_python_warnings_and_the_resume_line_go_to_train_log(tmp_path):
 
 
 # ------------------------------------------------------------------------------ W&B: final/* in the history
-def _wandb_history(run_dir) -> list[dict]:
-    """The history rows of an offline W&B run, read from its ``run-<id>.wandb`` transaction log: a header of 7
-    bytes (":W&B", magic, version), then 32 KiB blocks of chunks (crc32, length, type; LevelDB's log format), each
-    record a ``wandb_internal_pb2.Record``."""
+def _wandb_records(path) -> list:
+    """The records of a W&B transaction log (``run-<id>.wandb``): a header of 7 bytes (":W&B", magic, version),
+    then 32 KiB blocks of chunks (crc32, length, type; LevelDB's log format), each record a
+    ``wandb_internal_pb2.Record``."""
     import struct
 
     from wandb.proto import wandb_internal_pb2 as pb
 
-    (path,) = list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
-    data, pos, chunk, rows = path.read_bytes(), 7, b"", []
+    data, pos, chunk, records = path.read_bytes(), 7, b"", []
     while pos + 7 <= len(data):
         if 32768 - pos % 32768 < 7:  # a block's tail too short for a chunk header is padding
             pos += 32768 - pos % 32768
             continue
         _crc, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if pos + 7 + n > len(data):  # a chunk still being written
+            break
         chunk, pos = chunk + data[pos + 7:pos + 7 + n], pos + 7 + n
         if kind in (1, 4):  # FULL, LAST
-            record = pb.Record()
-            record.ParseFromString(chunk)
+            records.append(pb.Record())
+            records[-1].ParseFromString(chunk)
             chunk = b""
-            if record.WhichOneof("record_type") == "history":
-                rows.append({"_step": record.history.step.num,
-                             **{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}})
-    return rows
+    return records
+
+
+def _wandb_history(run_dir) -> list[dict]:
+    """The history rows of the offline W&B run in ``run_dir``, once its log holds the exit record (W&B's service
+    process may still be writing it when ``finish()`` has returned)."""
+    import time
+
+    (path,) = list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    deadline = time.monotonic() + 60
+    records = _wandb_records(path)
+    while not any(r.WhichOneof("record_type") == "exit" for r in records):
+        assert time.monotonic() < deadline, "the W&B log never got its exit record"
+        time.sleep(0.1)
+        records = _wandb_records(path)
+    return [{"_step": r.history.step.num,
+             **{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}}
+            for r in records if r.WhichOneof("record_type") == "history"]
 
 
 def test_wandb_history_holds_the_final_predictive(tmp_path):

@@ -39,11 +39,10 @@ class EvalError(ValueError):
     """A usage error: one line, exit status 2."""
 
 
-def command(argv0: str | None = None) -> str:
+def command() -> str:
     """How the user started this, as its messages and ``--help`` name it: ``flatbnn-eval`` (the installed entry
     point; ``flatbnn-eval.exe`` on Windows), else ``evaluate.py`` (a checkout's script, ``python -m``)."""
-    return "flatbnn-eval" if Path(sys.argv[0] if argv0 is None else argv0).name.startswith("flatbnn-eval") \
-        else "evaluate.py"
+    return "flatbnn-eval" if Path(sys.argv[0]).name.startswith("flatbnn-eval") else "evaluate.py"
 
 
 def _usage() -> str:

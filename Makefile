@@ -3,7 +3,7 @@
 #   make test    runs the test suite (the README's and CI's test command)
 VENV   ?= .venv
 PY     ?= $(VENV)/bin/python
-# torch 2.14.1 / torchvision 0.29.1 are what the dev and CI machines hold on disk; any torch >= 2.3 works.
+# torch 2.14.1 / torchvision 0.29.1 are what the dev and CI machines hold on disk; any torch >= 2.11 works (pyproject.toml's floor).
 TORCH  ?= torch==2.14.1 torchvision==0.29.1
 DEMO_DIR ?= outputs/demo
 
@@ -77,7 +77,8 @@ reproduce-fsam-sweep: setup
 #     per job (measured throughput where one matches, else assumed), runs nothing;
 #     MISSING=1 skips the jobs the row's committed records hold (finish a row in a fresh clone / on another cluster)
 #   make reproduce-all SCALE=smoke [JOBS=4]   (CI) every row (JOBS rows at a time), then results/STATUS.md
-#   make compare-<row> SCALE=cpu              rerender the comparison from whatever runs exist
+#   make compare-<row> SCALE=cpu              rerender the comparison from whatever runs exist, into
+#     outputs/reproduce/comparison/<row>/ (RESULTS=results/reproduce: the committed one)
 #   make status                               regenerate results/STATUS.md
 SCALE    ?= smoke
 ARGS     ?=
@@ -94,7 +95,7 @@ reproduce-%: setup
 	$(PY) scripts/reproduce.py run $* $(REPRO_FLAGS) -- $(ARGS)
 
 compare-%: setup
-	$(PY) scripts/reproduce.py compare $* --scale $(SCALE)
+	$(PY) scripts/reproduce.py compare $* --scale $(SCALE) $(if $(RESULTS),--results $(RESULTS))
 
 status: setup
 	$(PY) scripts/reproduce.py status

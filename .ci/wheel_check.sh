@@ -20,10 +20,12 @@ mkdir "$WORK/src"
 git ls-files -z --cached --others --exclude-standard | tar -cf - --null -T - | tar -xf - -C "$WORK/src"
 # PYTHON's own setuptools when it is new enough for pyproject.toml (torch pulls in a recent one); else an isolated
 # build, which fetches the same setuptools as `make setup`'s editable install did
+# The copy has no .git: the build records the commit named here (flatbnn/build_info.py), dirty unknown
+commit="$(git rev-parse HEAD)"
 if "$PY" -c 'import sys, setuptools; sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' 2>/dev/null; then
-  "$PY" -m pip wheel -q --no-deps --no-build-isolation --no-index -w "$WORK/dist" "$WORK/src"
+  FLATBNN_COMMIT="$commit" "$PY" -m pip wheel -q --no-deps --no-build-isolation --no-index -w "$WORK/dist" "$WORK/src"
 else
-  "$PY" -m pip wheel -q --no-deps -w "$WORK/dist" "$WORK/src"
+  FLATBNN_COMMIT="$commit" "$PY" -m pip wheel -q --no-deps -w "$WORK/dist" "$WORK/src"
 fi
 wheel="$(ls "$WORK"/dist/flatbnn-*.whl)"
 
@@ -62,17 +64,27 @@ grep -q "^  epochs: 7$" mine.yaml || fail "--config-dir: trainer.epochs is not 7
 flatbnn-train dataset=digits model=mlp trainer.epochs=1 trainer.progress=false trainer.reliability_diagram=false \
   hydra.run.dir=run > train.out 2>&1 || { cat train.out; fail "training failed"; }
 flatbnn-eval run=run > eval.out 2>&1 || { cat eval.out; fail "flatbnn-eval failed"; }
-"$V" - <<'EOF' || fail "the installed run's results are wrong"
-import json
+# its messages name the command the user typed, not the checkout's evaluate.py
+! flatbnn-eval > noarg.out 2>&1 && grep -q "flatbnn-eval run=<run dir>" noarg.out && ! grep -q "evaluate.py" noarg.out ||
+  fail "flatbnn-eval's usage line: $(cat noarg.out)"
+COMMIT="$commit" "$V" - <<'EOF' || fail "the installed run's results are wrong"
+import importlib.metadata, json, os
+import flatbnn
 run = json.load(open("run/results.json"))
 again = json.load(open("run/eval/default/results.json"))
 acc = run["metrics"]["accuracy"]
 assert acc > 0.5, f"digits accuracy {acc} after an epoch (chance: 0.1)"
 assert again["metrics"]["accuracy"] == acc, (again["metrics"]["accuracy"], acc)
-# an installed wheel has no history: no enclosing repository may answer for it
-assert run["meta"]["git"] == {"commit": "unknown", "dirty": None}, run["meta"]["git"]
+# an installed wheel has no history: the commit is the one it was built from (recorded at build time), never that of
+# a repository that happens to enclose the venv; and the run names flatbnn's version
+assert run["meta"]["git"] == {"commit": os.environ["COMMIT"], "dirty": None}, run["meta"]["git"]
+assert run["meta"]["flatbnn_version"] == flatbnn.__version__ == importlib.metadata.version("flatbnn"), run["meta"]
 print(f"wheel_check: digits accuracy {acc:.4f} (train and flatbnn-eval agree)")
 EOF
+
+# the commands of scripts/ ship in the package (flatbnn/tools/)
+flatbnn-analyze --help > /dev/null && "$V" -m flatbnn.tools.reproduce_fsam_toy --help > /dev/null ||
+  fail "flatbnn/tools/ is not in the wheel"
 
 # the shipped rows compose against the shipped configs; an installed package sweeps under the current directory
 flatbnn-reproduce list > rows.txt && grep -q "^flatbnn_t2" rows.txt || fail "flatbnn-reproduce list: $(head -3 rows.txt)"

@@ -13,7 +13,7 @@ Names are imported on first use, so ``import flatbnn`` (and the torch-free ``fla
 
 from importlib import import_module
 
-__version__ = "0.1.0"
+from flatbnn.build_info import VERSION as __version__  # noqa: F401 (the package's version, declared there)
 
 # public name -> the module that defines it (the engine's own classes, never copies)
 _PUBLIC = {

@@ -39,6 +39,16 @@ class EvalError(ValueError):
     """A usage error: one line, exit status 2."""
 
 
+def command() -> str:
+    """How the user started this, as its messages and ``--help`` name it: ``flatbnn-eval`` (the installed entry
+    point; ``flatbnn-eval.exe`` on Windows), else ``evaluate.py`` (a checkout's script, ``python -m``)."""
+    return "flatbnn-eval" if Path(sys.argv[0]).name.startswith("flatbnn-eval") else "evaluate.py"
+
+
+def _usage() -> str:
+    return f"{'' if command() == 'flatbnn-eval' else 'python '}{command()} run=<run dir> [key=value ...]"
+
+
 def is_eval_key(key: str) -> bool:
     return keyroles.evaluable(key)
 
@@ -51,11 +61,11 @@ def split_args(argv: list[str]) -> tuple[Path, str | None, list[str]]:
         elif arg.startswith("eval.name="):
             name = arg[len("eval.name="):]
         elif arg.startswith("-"):
-            raise EvalError(f"unknown option {arg}: evaluate.py takes run=<run dir> [key=value ...] (see --help)")
+            raise EvalError(f"unknown option {arg}: {command()} takes run=<run dir> [key=value ...] (see --help)")
         else:
             rest.append(arg)
     if not run:
-        raise EvalError("name the finished run to evaluate: python evaluate.py run=<run dir> [key=value ...]")
+        raise EvalError(f"name the finished run to evaluate: {_usage()}")
     if name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}", name):
         raise EvalError(f"eval.name={name!r}: use letters, digits and . _ = + - (it names a directory under eval/)")
     return Path(run).expanduser().absolute(), name, rest
@@ -84,7 +94,7 @@ def apply_overrides(cfg, args: list[str]) -> list[str]:
         if o.package:
             raise EvalError(f"{o.input_line}: package overrides (@) are not evaluation settings")
         if o.is_sweep_override():
-            raise EvalError(f"{o.input_line}: one value per key (evaluate.py is no sweep; loop in the shell)")
+            raise EvalError(f"{o.input_line}: one value per key ({command()} is no sweep; loop in the shell)")
         if o.type == OverrideType.DEL:
             raise EvalError(f"{o.input_line}: deleting keys is not an evaluation setting")
         parent_key, _, leaf = key.rpartition(".")
@@ -103,7 +113,7 @@ def apply_overrides(cfg, args: list[str]) -> list[str]:
                 continue  # no change: accepted for any key (e.g. a full command line pasted back)
         if not is_eval_key(key):
             role = keyroles.role_of(key)
-            raise EvalError(f"{key}: refusing a change ({role.name} key: {role.meaning}); evaluate.py re-evaluates a "
+            raise EvalError(f"{key}: refusing a change ({role.name} key: {role.meaning}); {command()} re-evaluates a "
                             f"run's trained weights -- train a new run for {o.input_line}; evaluation-side keys "
                             f"(flatbnn/keyroles.py): {', '.join(EVAL_KEYS)}")
         OmegaConf.update(cfg, key, value, merge=True, force_add=o.type != OverrideType.CHANGE)
@@ -213,7 +223,8 @@ def evaluate_run(run: Path, args: list[str], name: str | None = None) -> dict | 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if any(a in ("-h", "--help") for a in argv):
-        print(__doc__)
+        # the examples as this command is called (python evaluate.py / flatbnn-eval)
+        print(__doc__.replace("python evaluate.py run=", _usage().split(" run=")[0] + " run="))
         return 0
     try:
         run, name, rest = split_args(argv)

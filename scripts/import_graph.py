@@ -33,6 +33,7 @@ END = "<!-- import-graph:end -->"
 # One entry per sub-package or root module of flatbnn (a dotted entry places one module on its own); the order is
 # what the code needs, read off its imports:
 #   resources/atomic_io/runlog/utils: leaf helpers (paths, atomic writes, the run log's warn, dict flattening);
+#   build_info: flatbnn's version and the commit a wheel was built from (setup.py loads it by path);
 #   schema: the trainer / metrics config dataclasses (registered in Hydra's ConfigStore when resources is imported);
 #   keyroles: what each config key changes (read by the resume check, the aggregation and evaluate.py)
 #   nn: Bayesian layers; models: architectures; data: data sets and loaders (no model, no engine)
@@ -42,10 +43,11 @@ END = "<!-- import-graph:end -->"
 #   api: the public hooks; cli: the entry points' shared error lines and exit codes
 #   bench, reproduce: benchmarks, campaigns, aggregation above the engine
 #   entry points: train.py, evaluate.py, torchrun, and reproduce/eval_job.py (one eval job, run as
-#   ``python -m flatbnn.reproduce.eval_job``: it calls evaluate.py's routine; nothing imports it)
+#   ``python -m flatbnn.reproduce.eval_job``: it calls evaluate.py's routine; nothing imports it), and tools: the
+#   commands a user runs (scripts/<name>.py call them; analyze uses evaluate's builder, aggregate reproduce's tables)
 # flatbnn/__init__.py (the lazy top-level namespace) sits above them all.
 LAYERS: list[set[str]] = [
-    {"resources", "schema", "atomic_io", "runlog", "utils", "keyroles"},
+    {"resources", "schema", "atomic_io", "runlog", "utils", "keyroles", "build_info"},
     {"nn"},
     {"models"},
     {"data"},
@@ -58,7 +60,7 @@ LAYERS: list[set[str]] = [
     {"api"},
     {"cli"},
     {"bench", "reproduce"},
-    {"train", "evaluate", "torchrun", "reproduce.eval_job"},
+    {"train", "evaluate", "torchrun", "reproduce.eval_job", "tools"},
 ]
 
 Graph = dict[str, set[str]]

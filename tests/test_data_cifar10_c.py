@@ -3,9 +3,7 @@ and scripts/make_cifar10_c.py on a slice of the real CIFAR-10 (skipped without t
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,11 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("make_cifar10_c", REPO / "scripts" / "make_cifar10_c.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("make_cifar10_c", mod)
-    spec.loader.exec_module(mod)
-    return mod
+    from flatbnn.tools import make_cifar10_c
+    return make_cifar10_c
 
 
 def _raw_images(ds) -> torch.Tensor:

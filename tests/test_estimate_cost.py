@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 from torch import nn
 
-from helpers import REPO
-
-_spec = importlib.util.spec_from_file_location("estimate_cost", REPO / "scripts" / "estimate_cost.py")
-ec = importlib.util.module_from_spec(_spec)
-sys.modules["estimate_cost"] = ec  # dataclasses look their module up by name
-_spec.loader.exec_module(ec)
+from flatbnn.tools import estimate_cost as ec
 
 TINY = ["dataset=digits", "model=mlp", "trainer.epochs=7"]
 

@@ -86,10 +86,36 @@ def test_a_run_at_chance_warns(tmp_path, capsys):
     assert "at chance" in (tmp_path / "run" / "train.log").read_text()
 
 
+def test_no_chance_warning_on_ten_test_images(tmp_path, capsys):
+    """The freshly initialised MLP of test_a_run_at_chance_warns, tested on 10 images: nothing to conclude."""
+    res = run_cfg(["model=mlp", "trainer.epochs=0", "dataset.test_subset=10"], tmp_path / "run")
+    assert res["meta"]["budget"]["test_size"] == 10 and res["metrics"]["accuracy"] <= 0.3, res["metrics"]
+    assert "at chance" not in capsys.readouterr().err
+    from flatbnn import __version__
+    assert res["meta"]["flatbnn_version"] == __version__  # which flatbnn made it (a wheel's commit: below)
+
+
+def test_the_start_line_shows_the_flatness_hyperparameters():
+    """F-SAM's eta is as decisive as rho (eta=0 is SAM); the start line said only fsam(rho=0.1)."""
+    from flatbnn import ASAM, SAM, FisherSAM, NoFlatness
+    from flatbnn.engine.report import start_line
+
+    def shown(flat):
+        line = start_line(dataset="digits", n_train=1, n_test=1, model="mlp", n_params=1, method="map",
+                          flatness=flat.describe(), epochs=1, steps_per_epoch=1, batch_size=1, device="cpu", run_dir=".")
+        return line.split(" | ")[2]
+
+    assert shown(FisherSAM(rho=0.1, eta=1.0)) == "map x fsam(rho=0.1, eta=1)"
+    assert shown(ASAM(rho=0.5, eta=0.01)) == "map x asam(rho=0.5, eta=0.01)"
+    assert shown(SAM(rho=0.05)) == "map x sam(rho=0.05)" and shown(NoFlatness()) == "map x none"
+
+
 def test_at_chance_threshold_and_snapshot_counts():
     from flatbnn.engine.report import at_chance, degenerate_run_warnings
     assert at_chance(0.10, 10, 360) and at_chance(0.147, 10, 360) and not at_chance(0.148, 10, 360)
     assert not at_chance(None, 10, 360) and not at_chance(0.5, 2, 0)
+    # 10 test images or fewer (smoke scale: 2) decide nothing; 11 do
+    assert not at_chance(0.0, 10, 10) and not at_chance(0.0, 2, 2) and at_chance(0.0, 10, 11)
     ok = {"accuracy": 0.9}
     assert degenerate_run_warnings(ok, {"name": "swag", "n_collected": 2}, 10, 360) == []
     assert len(degenerate_run_warnings(ok, {"name": "swag", "n_collected": 1}, 10, 360)) == 1
@@ -135,3 +161,264 @@ def test_python_warnings_and_the_resume_line_go_to_train_log(tmp_path):
     train_cli([*args, "trainer.epochs=2", "trainer.resume_overrides=[trainer.epochs]"], run)
     resumed = [ln for ln in (run / "train.log").read_text().splitlines() if ln.startswith("resuming from")]
     assert len(resumed) == 1 and "last.pt" in resumed[0] and "trainer.epochs=2 applied (was 1)" in resumed[0], resumed
+
+
+# ------------------------------------------------------------------------------ W&B: final/* in the history
+def _wandb_records(path) -> list:
+    """The records of a W&B transaction log (``run-<id>.wandb``): a header of 7 bytes (":W&B", magic, version),
+    then 32 KiB blocks of chunks (crc32, length, type; LevelDB's log format), each record a
+    ``wandb_internal_pb2.Record``."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, pos, chunk, records = path.read_bytes(), 7, b"", []
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a chunk header is padding
+            pos += 32768 - pos % 32768
+            continue
+        _crc, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if pos + 7 + n > len(data):  # a chunk still being written
+            break
+        chunk, pos = chunk + data[pos + 7:pos + 7 + n], pos + 7 + n
+        if kind in (1, 4):  # FULL, LAST
+            records.append(pb.Record())
+            records[-1].ParseFromString(chunk)
+            chunk = b""
+    return records
+
+
+def _wandb_history(run_dir) -> list[dict]:
+    """The history rows of the offline W&B run in ``run_dir``, once its log holds the exit record (W&B's service
+    process may still be writing it when ``finish()`` has returned)."""
+    import time
+
+    (path,) = list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    deadline = time.monotonic() + 60
+    records = _wandb_records(path)
+    while not any(r.WhichOneof("record_type") == "exit" for r in records):
+        assert time.monotonic() < deadline, "the W&B log never got its exit record"
+        time.sleep(0.1)
+        records = _wandb_records(path)
+    return [{"_step": r.history.step.num,
+             **{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}}
+            for r in records if r.WhichOneof("record_type") == "history"]
+
+
+def test_wandb_history_holds_the_final_predictive(tmp_path):
+    """``final/*`` used to be logged at the last epoch's step after that row was committed: W&B dropped it
+    ("Tried to log to step 4 that is less than the current step 5")."""
+    pytest.importorskip("wandb")
+    from flatbnn.engine.loggers import WandbLogger
+
+    lg = WandbLogger(tmp_path, {"seed": 0}, mode="offline")
+    lg.log_epoch({"epoch": 1, "step": 2, "test/accuracy": 0.5})
+    lg.log_epoch({"epoch": 2, "step": 4, "test/accuracy": 0.6})
+    lg.log_results({"metrics": {"accuracy": 0.75, "nll": 0.5, "note": "not a number"}})
+    lg.finish()
+    rows = _wandb_history(tmp_path)
+    assert [(r["_step"], r.get("epoch")) for r in rows[:2]] == [(2, 1), (4, 2)], rows
+    final = [r for r in rows if "final/accuracy" in r]
+    assert len(final) == 1 and final[0]["_step"] > 4, rows
+    assert (final[0]["final/accuracy"], final[0]["final/nll"]) == (0.75, 0.5) and "final/note" not in final[0]
+
+
+# ------------------------------------------------------------------------------ per-epoch lines, stdout to a file
+def test_epoch_line_is_flushed_to_a_block_buffered_stdout(tmp_path, monkeypatch):
+    import io
+
+    from flatbnn.engine.trainer import print_epoch_line
+
+    path = tmp_path / "run.out"
+    with open(path, "wb") as raw:
+        monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, line_buffering=False))  # `> run.out`
+        print_epoch_line({"epoch": 3, "step": 69, "train/loss": 0.13114, "train/seconds": 1.5})
+        assert path.read_text() == "epoch=3 step=69 train/loss=0.1311\n"  # readable before anything else is written
+
+
+def test_the_last_epoch_line_reaches_a_redirected_stdout_before_the_final_predictive(tmp_path):
+    """`python train.py ... > run.out`: the last epoch's line is in the file while the final predictive (SWAG, 30
+    samples) is computed -- it used to arrive with the final line (tqdm flushes stdout when the next epoch's bar
+    starts, so only the last epoch's line waited; 31 minutes of a paper-scale final predictive)."""
+    import time
+
+    run, out = tmp_path / "run", tmp_path / "run.out"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a user's shell: stdout buffered
+    env["OMP_NUM_THREADS"] = "1"
+    with open(out, "w") as f:
+        p = subprocess.Popen([sys.executable, str(REPO / "train.py"), "model=mlp", "method=swag", "trainer.epochs=2",
+                              "trainer.checkpoint_every=0", "trainer.reliability_diagram=false",
+                              f"hydra.run.dir={run}"], stdout=f, stderr=subprocess.DEVNULL, env=env, cwd=REPO)
+    try:
+        deadline, seen = time.monotonic() + 300, None
+        while seen is None and p.poll() is None and time.monotonic() < deadline:
+            text = out.read_text()
+            if re.search(r"^epoch=2 step=\d+ train/loss=", text, re.M):
+                seen = "flatbnn: done" in text, (run / "results.json").exists()  # what the run had done by then
+            time.sleep(0.02)
+        assert p.wait(timeout=300) == 0
+    finally:
+        p.kill()
+    assert seen == (False, False), seen  # still computing the final predictive
+    assert "flatbnn: done" in out.read_text()
+
+
+# ------------------------------------------------------------------------------ install lines
+def test_every_torch_floor_named_is_pyprojects():
+    """The Makefile said "any torch >= 2.3 works" while pyproject.toml, the README and docs/cluster.md say 2.11."""
+    floor = re.search(r'"torch>=([\d.]+)"', (REPO / "pyproject.toml").read_text()).group(1)
+    named = {}
+    for path in [REPO / "Makefile", REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
+        for m in re.finditer(r"\btorch\s*(?:>=|≥)\s*([\d.]+)", path.read_text()):
+            named.setdefault(m.group(1), []).append(path.name)
+    assert set(named) == {floor}, named
+    assert "Makefile" in named[floor] and "README.md" in named[floor]
+
+
+def test_readme_installs_the_cpu_torch_before_the_package():
+    """`pip install .` on a machine without a GPU pulls torch's CUDA build (GBs) unless torch is there already."""
+    readme = (REPO / "README.md").read_text()
+    cpu = readme.index("pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu\n")
+    assert readme.index("pip install .\n", cpu) > cpu
+
+
+# ------------------------------------------------------------------------------ flatbnn-eval names itself
+@pytest.mark.parametrize("argv0, name", [("/venv/bin/flatbnn-eval", "flatbnn-eval"),
+                                         ("C:/venv/Scripts/flatbnn-eval.exe", "flatbnn-eval"),
+                                         ("evaluate.py", "evaluate.py"), ("/repo/flatbnn/evaluate.py", "evaluate.py")])
+def test_flatbnn_eval_messages_name_the_command_run(argv0, name, monkeypatch, capsys):
+    """Started as the installed `flatbnn-eval`, its errors and --help used to say `python evaluate.py`, a file the
+    user does not have."""
+    from flatbnn.evaluate import main
+
+    monkeypatch.setattr(sys, "argv", [argv0])
+    other = "evaluate.py" if name == "flatbnn-eval" else "flatbnn-eval run="
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    usage = "flatbnn-eval run=<run dir>" if name == "flatbnn-eval" else "python evaluate.py run=<run dir>"
+    assert err.startswith("flatbnn: error: name the finished run") and usage in err and other not in err, err
+    assert main(["--bad"]) == 2
+    err = capsys.readouterr().err
+    assert f"unknown option --bad: {name} takes run=<run dir>" in err and other not in err, err
+    assert main(["--help"]) == 0
+    examples = [ln.strip() for ln in capsys.readouterr().out.splitlines() if " run=" in ln and "RUN" in ln]
+    prefix = "flatbnn-eval run=" if name == "flatbnn-eval" else "python evaluate.py run="
+    assert len(examples) == 2 and all(ln.startswith(prefix) for ln in examples), examples
+
+
+# ------------------------------------------------------------------------------ an installed wheel's provenance
+def _git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_the_build_records_the_checkouts_commit_and_an_installed_package_reports_it(tmp_path, monkeypatch):
+    """An installed wheel recorded `git: {commit: unknown}` (no history): now its build step records the commit."""
+    from flatbnn import build_info
+    from flatbnn.engine import provenance
+
+    monkeypatch.delenv("FLATBNN_COMMIT", raising=False)
+    repo = tmp_path / "checkout"
+    (repo / "sub").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    (repo / "setup.py").write_text("# v1\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "c")
+    head = _git(repo, "rev-parse", "HEAD")
+    assert build_info.at_build(repo) == {"commit": head, "dirty": False}
+    (repo / "setup.py").write_text("# v2\n")
+    assert build_info.at_build(repo) == {"commit": head, "dirty": True}
+    # a copy of the tree inside some other repository: that one's history is not this code's
+    assert build_info.at_build(repo / "sub") == {"commit": "unknown", "dirty": None}
+    monkeypatch.setenv("FLATBNN_COMMIT", "1169f6a0")  # .ci/wheel_check.sh builds a copy and names the commit
+    assert build_info.at_build(repo / "sub") == {"commit": "1169f6a0", "dirty": None}
+    monkeypatch.delenv("FLATBNN_COMMIT")
+
+    installed = tmp_path / "site-packages" / "flatbnn"
+    installed.mkdir(parents=True)
+    build_info.write(installed, build_info.at_build(repo))
+    monkeypatch.setattr(build_info, "PACKAGE", installed)
+    monkeypatch.setattr(provenance, "REPO_DIR", None)  # resources.CHECKOUT of an installed wheel
+    assert provenance.git_commit() == {"commit": head, "dirty": True}
+    monkeypatch.setattr(build_info, "PACKAGE", tmp_path)  # no record (a copied tree): as before
+    assert provenance.git_commit() == {"commit": "unknown", "dirty": None}
+
+
+def test_setup_py_build_step_writes_the_build_info_beside_the_package(tmp_path):
+    """setup.py's build_py (what `pip wheel` / `pip install .` run) puts _build_info.json into the built package,
+    and nothing into the checkout."""
+    from flatbnn import build_info
+
+    p = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(tmp_path)], cwd=REPO,
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "FLATBNN_COMMIT": ""})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert build_info.read(tmp_path / "flatbnn") == build_info.git_state(REPO)
+    assert build_info.read() is None and not (REPO / "flatbnn" / build_info.FILE).exists()
+    assert (tmp_path / "flatbnn" / "configs" / "config.yaml").is_file()  # the build's copy, shipped data included
+
+
+# ------------------------------------------------------------------------------ reproduce: a page at smoke, compare
+def test_smoke_scale_writes_a_comparison_page(tmp_path):
+    """`make reproduce-<row> SCALE=smoke` printed `comparison: .../smoke.json`: no page to open."""
+    from flatbnn.reproduce.compare_markdown import write_comparison
+    from flatbnn.reproduce.spec import load_row
+
+    page = write_comparison(load_row("bsam_t3"), "smoke", out=tmp_path / "runs", dest=tmp_path / "results" / "bsam_t3")
+    assert page == tmp_path / "results" / "bsam_t3" / "smoke.md"
+    text = page.read_text()
+    assert text.startswith("<!-- generated by scripts/reproduce.py compare bsam_t3 --scale smoke") and \
+        "**Scale: smoke.**" in text and (page.parent / "smoke.json").is_file()
+
+
+def test_compare_leaves_the_committed_comparison_alone_unless_asked(tmp_path):
+    """`reproduce.py compare ROW --scale cpu` rewrote results/reproduce/ROW/ (at least its generated_at) in a user's
+    clone. Now its page goes to outputs/reproduce/comparison/ROW/, built from the same committed records."""
+    committed = REPO / "results" / "reproduce" / "bsam_t3"
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in committed.rglob("*") if p.is_file()}
+    env = {**os.environ, "FLATBNN_REPRODUCE_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "reproduce.py"), "compare", "bsam_t3", "--scale", "cpu"],
+                       capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    page = tmp_path / "comparison" / "bsam_t3" / "cpu.md"
+    assert p.stdout.strip() == str(page) and "--results" in p.stderr
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in committed.rglob("*") if p.is_file()} == before
+    ours, theirs = (json.loads((d / "cpu.json").read_text()) for d in (page.parent, committed))
+    assert ours["jobs"] == theirs["jobs"] and sum(v == "done" for c in ours["jobs"].values() for v in c.values()) == 6
+
+
+# ------------------------------------------------------------------------------ scripts/ are thin entries
+# scripts whose code still lives in scripts/: maintainers' tools for this checkout's own docs (import_graph,
+# readme_options), and three that other branches of issue 44 were editing when the rest moved (benchmark,
+# gpu_probe, campaign: to move next)
+SCRIPTS_WITH_THEIR_CODE = {"import_graph", "readme_options", "benchmark", "gpu_probe", "campaign"}
+
+
+def test_every_script_a_user_runs_is_a_thin_entry_into_the_package():
+    """An installed package lacked analyze, sweep_heatmap, ensemble, ...: their code lived only in scripts/."""
+    import ast
+    import importlib
+
+    entries = {}
+    for path in sorted((REPO / "scripts").glob("*.py")):
+        if path.stem in SCRIPTS_WITH_THEIR_CODE:
+            continue
+        tree = ast.parse(path.read_text())
+        imports = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module.startswith("flatbnn.")]
+        defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.Assign))]
+        assert len(imports) == 1 and [a.name for a in imports[0].names] == ["main"] and not defs, path.name
+        assert callable(importlib.import_module(imports[0].module).main)
+        entries[path.stem] = imports[0].module
+    assert len(entries) >= 13 and entries["analyze"] == "flatbnn.tools.analyze", entries
+    assert {m for m in entries.values() if m.startswith("flatbnn.tools.")} == \
+        {f"flatbnn.tools.{p.stem}" for p in (REPO / "flatbnn" / "tools").glob("*.py") if p.stem != "__init__"}
+
+
+def test_a_tool_runs_from_outside_the_checkout_as_a_module_and_as_its_script(tmp_path):
+    """`python -m flatbnn.tools.sweep_heatmap` (an installed package) and `python scripts/sweep_heatmap.py` (a
+    checkout) are the same command."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    helps = [subprocess.run([sys.executable, *how, "--help"], capture_output=True, text=True, cwd=tmp_path, env=env,
+                            timeout=120) for how in (["-m", "flatbnn.tools.sweep_heatmap"],
+                                                     [str(REPO / "scripts" / "sweep_heatmap.py")])]
+    assert [p.returncode for p in helps] == [0, 0], [p.stderr[-500:] for p in helps]
+    assert "--metric" in helps[0].stdout and helps[0].stdout.split("\n", 1)[1] == helps[1].stdout.split("\n", 1)[1]

@@ -4,7 +4,6 @@ choices of Table 1 and the Sec. 5.7 overhead comparison."""
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -132,8 +131,7 @@ def test_fsam_t1_asam_choices_are_explicit():
 
 
 def test_overhead_ratios_beside_the_paper(tmp_path):
-    sys.path.insert(0, str(REPO / "scripts"))
-    import analyze
+    from flatbnn.tools import analyze
 
     rows = {"map+none": [100, 110, 90], "map+sam": [200, 220, 180], "map+asam": [210, 200, 190],
             "map+fsam": [202, 230, 170]}
@@ -158,8 +156,7 @@ def test_overhead_ratios_beside_the_paper(tmp_path):
 def test_overhead_comparison_reads_the_analysis_json(tmp_path):
     """The script row's comparison takes its cells from overhead.json (seconds per batch of SAM and FSAM beside
     the paper's) and carries the analysis' ratio table; without the file the cells are listed as missing."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    import analyze
+    from flatbnn.tools import analyze
     from flatbnn.reproduce.compare import build
     from flatbnn.reproduce.compare_markdown import to_markdown
     from flatbnn.reproduce.spec import load_row

@@ -3,7 +3,6 @@ exactly (pixels, labels, which images land in which split), and archives that ar
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import tarfile
@@ -12,13 +11,8 @@ import zipfile
 import numpy as np
 import pytest
 
-from helpers import REPO
-
 from flatbnn.data.mnist import idx_bytes, load_arrays, read_idx
-
-_spec = importlib.util.spec_from_file_location("idx_from_packages", REPO / "scripts" / "idx_from_packages.py")
-idx = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(idx)
+from flatbnn.tools import idx_from_packages as idx
 
 
 def _images(c: int, n: int, offset: int) -> list[list[int]]:

@@ -3,8 +3,6 @@
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -104,8 +102,7 @@ def map_run(tmp_path_factory):
 
 
 def test_analyze_perturb_alpha_zero_is_the_runs_accuracy(map_run, tmp_path):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import analyze
+    from flatbnn.tools import analyze
 
     out = tmp_path / "fig4.png"
     assert analyze.main(["perturb", str(map_run), str(map_run), "--labels", "FSAM", "FSAM", "--device", "cpu",
@@ -124,8 +121,7 @@ def test_analyze_perturb_alpha_zero_is_the_runs_accuracy(map_run, tmp_path):
 
 
 def test_analyze_perturb_bad_alphas_exit_2(map_run, capsys):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import analyze
+    from flatbnn.tools import analyze
 
     with pytest.raises(SystemExit) as e:
         analyze.main(["perturb", str(map_run), "--alphas", "0,x", "--out", "a.png"])

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -359,8 +358,7 @@ def finished_runs(tmp_path_factory):
 
 
 def _analyze():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import analyze
+    from flatbnn.tools import analyze
     return analyze
 
 

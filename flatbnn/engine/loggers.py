@@ -83,7 +83,6 @@ class WandbLogger:
         if not float(init_timeout_s) > 0:
             raise ValueError(f"logger.wandb.init_timeout_s={init_timeout_s}: must be > 0 (seconds)")
         self.wandb = wandb
-        self.step = 0
         run_dir = Path(run_dir)
         id_file = run_dir / "wandb_id.txt"  # a resumed run continues the same W&B run
         run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
@@ -110,14 +109,15 @@ class WandbLogger:
             self.run = wandb.init(mode="offline", **kwargs)
 
     def log_epoch(self, record: dict) -> None:
-        self.step = int(record.get("step", 0))
         # committed now: a row left open is flushed at finish(), after the summary, and overwrites its test/*
-        self.run.log(dict(record), step=self.step, commit=True)
+        self.run.log(dict(record), step=int(record.get("step", 0)), commit=True)
 
     def log_results(self, results: dict) -> None:
         metrics = {k: v for k, v in results.get("metrics", {}).items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        self.run.log({f"final/{k}": v for k, v in metrics.items()}, step=self.step, commit=True)
+        # no step=: W&B's own next step, the row after the last epoch's (an explicit step <= the last committed one
+        # -- the last epoch's, or none on a resumed run that had no epoch left -- is dropped with a warning)
+        self.run.log({f"final/{k}": v for k, v in metrics.items()}, commit=True)
         for k, v in metrics.items():  # the summary is results.json's final predictive, not the last epoch's
             self.run.summary[f"test/{k}"] = v
             self.run.summary[f"final/{k}"] = v

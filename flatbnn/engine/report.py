@@ -20,15 +20,24 @@ from flatbnn.runlog import LOG_NAME, RunReport, warn  # noqa: F401
 # a run within this many binomial standard errors of 1/K test accuracy learned nothing (also the reproduction
 # rows' "at chance": flatbnn/reproduce/compare.py imports it)
 CHANCE_SE = 3.0
+# on this few test examples the engine says nothing about chance: 3 standard errors at n = 10 reach 0.38 of 10 classes
+# and 0.97 of 2, a band that holds most real runs (the smoke scale tests on 2 images)
+CHANCE_MIN_TEST = 11
 
 # ---------------------------------------------------------------------------------------------- the lines
 def _count(n: int) -> str:
     return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e3 else str(n)
 
 
+# the hyperparameters that set a flatness variant's ascent, shown on the start line where the variant has them
+# (fsam(rho=0.1, eta=1): Fisher-SAM's eta scales the Fisher term, as decisive as rho; asam's too; random's sigma)
+_FLATNESS_SHOWN = ("rho", "eta", "sigma")
+
+
 def _flatness(desc: dict) -> str:
     name = desc.get("name", "?")
-    return name if name == "none" or "rho" not in desc else f"{name}(rho={desc['rho']:g})"
+    shown = ", ".join(f"{k}={desc[k]:g}" for k in _FLATNESS_SHOWN if isinstance(desc.get(k), (int, float)))
+    return name if name == "none" or not shown else f"{name}({shown})"
 
 
 def start_line(*, dataset: str, n_train: int, n_test: int, model: str, n_params: int, method: str,
@@ -51,8 +60,10 @@ def final_line(metrics: dict, results_path, seconds: float | None = None) -> str
 
 
 def at_chance(accuracy, num_classes: int, n: int, se: float = CHANCE_SE) -> bool:
-    """Test accuracy within ``se`` binomial standard errors of a constant guess (1/K) on ``n`` examples."""
-    if not isinstance(accuracy, (int, float)) or not math.isfinite(accuracy) or not n or num_classes < 2:
+    """Test accuracy within ``se`` binomial standard errors of a constant guess (1/K) on ``n`` examples (never on
+    fewer than ``CHANCE_MIN_TEST``)."""
+    if not isinstance(accuracy, (int, float)) or not math.isfinite(accuracy) or (n or 0) < CHANCE_MIN_TEST \
+            or num_classes < 2:
         return False
     p = 1.0 / num_classes
     return accuracy <= p + se * math.sqrt(p * (1.0 - p) / n)
@@ -101,5 +112,5 @@ def report_final(report: RunReport, b, results: dict, results_path) -> None:
     report.info(final_line(metrics, results_path, results.get("meta", {}).get("wall_seconds")))
 
 
-__all__ = ["CHANCE_SE", "LOG_NAME", "RunReport", "at_chance", "degenerate_run_warnings", "final_line",
+__all__ = ["CHANCE_MIN_TEST", "CHANCE_SE", "LOG_NAME", "RunReport", "at_chance", "degenerate_run_warnings", "final_line",
            "report_final", "report_start", "start_line", "warn"]

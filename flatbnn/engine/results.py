@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
+from flatbnn.build_info import VERSION
 from flatbnn.engine.build import Built
 from flatbnn.engine.provenance import git_commit, hardware
 from flatbnn.metrics.evaluate import EvalConfig, evaluate
@@ -55,6 +56,7 @@ def results_meta(b: Built, *, steps: int, train_seconds: float, wall_seconds: fl
                                "nll": "-log mean_k p_k(y|x), mean over examples"},
         "hardware": hardware(b.device, b.info.world_size),
         "git": ({k: git_segments[0][k] for k in ("commit", "dirty")} if git_segments else git_commit()),
+        "flatbnn_version": VERSION,
         "train_seconds": train_seconds, "wall_seconds": wall_seconds,
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "overrides": overrides, "run_dir": str(run_dir),

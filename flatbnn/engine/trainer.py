@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +29,15 @@ from flatbnn.engine.checkpoint import CheckpointError, checkpoint_problem, link_
 
 CHECKPOINT_FORMAT = 1
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again" -- requeue the job, it resumes from the checkpoint
+
+
+def print_epoch_line(record: dict) -> None:
+    """An epoch's line on stdout (above the progress bar), flushed: a redirected stdout is block-buffered, and the
+    next epoch's bar flushed it only by chance (tqdm flushes at start) -- the last epoch's line waited for the final
+    predictive and the exit."""
+    tqdm.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                        for k, v in record.items() if "seconds" not in k), file=sys.stdout)
+    sys.stdout.flush()
 
 
 class Diverged(RuntimeError):
@@ -320,8 +330,7 @@ class Trainer:
                     for lg in self.loggers:
                         lg.log_epoch(record)
                     if self.progress:
-                        tqdm.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                            for k, v in record.items() if "seconds" not in k))
+                        print_epoch_line(record)
                 self.history_tail = record
                 if self.checkpoint_every and (self.epoch % self.checkpoint_every == 0
                                               or self.epoch == self.epochs):

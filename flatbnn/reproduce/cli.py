@@ -9,7 +9,8 @@ writes ``outputs/`` and ``results/`` under the current directory).
     python scripts/reproduce.py run flatbnn_t2 --scale cpu -- dataset.root=../shared/data/cifar10_jpeg.tar.gz
     python scripts/reproduce.py run vsam_t3 --scale cpu --seeds 0 -- dataset.root=...   # every cell's first seed now
     python scripts/reproduce.py run flatbnn_t2 --scale paper --launcher slurm -- dataset.root=/data/cifar10
-    python scripts/reproduce.py compare flatbnn_t2 --scale cpu        # results/reproduce/flatbnn_t2/cpu.md
+    python scripts/reproduce.py compare flatbnn_t2 --scale cpu        # outputs/reproduce/comparison/flatbnn_t2/cpu.md
+    python scripts/reproduce.py compare flatbnn_t2 --scale cpu --results results/reproduce   # the committed one
     python scripts/reproduce.py status                                # results/STATUS.md
     python scripts/reproduce.py all --scale smoke                     # every row (CI: make reproduce-all SCALE=smoke)
 
@@ -46,14 +47,14 @@ def _sweep_dir(args, name: str) -> Path | None:
 
 def _results_root(args) -> Path | None:
     """Where comparisons and run records go: ``--results``; else beside a ``--out`` sweep (a scratch sweep must not
-    overwrite the committed tables); else, for ``run`` at the smoke scale, outputs/reproduce/comparison (a smoke run
-    of one row in a fresh clone must not rewrite committed files; ``--results results/reproduce`` asks for it);
-    else None = the repo's results/reproduce/."""
+    overwrite the committed tables); else, for ``compare`` and for ``run`` at the smoke scale,
+    outputs/reproduce/comparison (redrawing a table, or a smoke run of one row in a fresh clone, must not rewrite
+    committed files; ``--results results/reproduce`` asks for it); else None = the repo's results/reproduce/."""
     if args.results is not None:
         return Path(args.results)
     if args.out is not None:
         return Path(args.out) / "comparison"
-    if args.cmd == "run" and args.scale == "smoke":
+    if args.cmd == "compare" or (args.cmd == "run" and args.scale == "smoke"):
         from flatbnn.reproduce.launch import OUTPUT_ROOT
         return OUTPUT_ROOT / "comparison"
     return None
@@ -191,7 +192,8 @@ def main(argv=None) -> int:
     cmp_.add_argument("--scale", choices=SCALES, default="cpu")
     cmp_.add_argument("--out", type=Path, default=None, help="the sweep dir the runs are in")
     cmp_.add_argument("--results", type=Path, default=None,
-                      help="where the comparison goes (default results/reproduce, or OUT/comparison)")
+                      help="where the comparison goes (default outputs/reproduce/comparison, or OUT/comparison; "
+                           "--results results/reproduce rewrites the committed one)")
     cmp_.add_argument("--force", action="store_true",
                       help="replace an existing comparison built from more finished runs than this one")
     sub.add_parser("status")
@@ -263,10 +265,16 @@ def main(argv=None) -> int:
                 print(f"status board: {write_status()}", file=sys.stderr)
             return worst
         if args.cmd == "compare":
+            from flatbnn.reproduce.archive import ARCHIVE_ROOT
             from flatbnn.reproduce.compare_markdown import write_comparison
             root = _results_root(args)
-            print(write_comparison(load_row(args.row), args.scale, out=args.out,
-                                   dest=root / args.row if root else None, force=args.force))
+            scratch = args.results is None and args.out is None  # the default: the committed records, read only
+            page = write_comparison(load_row(args.row), args.scale, out=args.out, dest=root / args.row,
+                                    force=args.force, records=ARCHIVE_ROOT if scratch else None)
+            print(page)
+            if scratch:
+                print(f"compare: {ARCHIVE_ROOT / args.row} is left as it is (--results {ARCHIVE_ROOT} rewrites "
+                      f"the committed comparison and records)", file=sys.stderr)
             return 0
         if args.cmd == "status":
             from flatbnn.reproduce.status import write_status

@@ -247,17 +247,20 @@ def _ours_only_markdown(c: dict) -> list[str]:
 
 
 def write_comparison(row: Row, scale: str, out: Path | None = None, dest: Path | None = None,
-                     force: bool = False) -> Path:
-    """Write ``results/reproduce/<row>/<scale>.json`` (always) and ``<scale>.md`` (not for smoke), with the
-    figures the row's analysis produced copied beside the Markdown. First every finished run is archived as a
-    committed record (``<dest>/<scale>/runs/``, flatbnn/reproduce/archive.py), which stands in for any run dir
-    that is gone: a later session adds seeds to the same table. A comparison built from fewer finished runs
-    than the one already there (an interrupted rerun, a row whose earlier runs have no records) does not
-    replace it unless ``force``: the existing one is kept and a line says so."""
+                     force: bool = False, records: Path | None = None) -> Path:
+    """Write ``results/reproduce/<row>/<scale>.json`` and the page ``<scale>.md`` (at smoke too: which cells ran),
+    with the figures the row's analysis produced copied beside the Markdown (not at smoke: fake data). First every
+    finished run is archived as a committed record (``<dest>/<scale>/runs/``, flatbnn/reproduce/archive.py), which
+    stands in for any run dir that is gone: a later session adds seeds to the same table. ``records``: where those
+    records are read, when not beside ``dest`` (``reproduce.py compare``'s page outside results/ still reads the
+    committed ones). A comparison built from fewer finished runs than the one already there (an interrupted
+    rerun, a row whose earlier runs have no records) does not replace it unless ``force``: the existing one is kept
+    and a line says so."""
     dest = Path(dest or RESULTS_ROOT / row.row)
     archive_root = dest.parent
     archive_row(row, scale, Path(out or OUTPUT_ROOT / row.row / scale), archive_root)
-    c = build(row, scale, out, archive_root)
+    records = Path(records or archive_root)
+    c = build(row, scale, out, records)
     existing = dest / f"{scale}.json"
     if existing.exists() and not force:
         try:
@@ -265,16 +268,17 @@ def write_comparison(row: Row, scale: str, out: Path | None = None, dest: Path |
         except (OSError, ValueError):
             before = 0
         if before > finished_runs(c):
-            print(f"compare {row.row} ({scale}): kept {existing.with_suffix('.md' if scale != 'smoke' else '.json')} "
+            page = existing.with_suffix(".md") if existing.with_suffix(".md").exists() else existing
+            print(f"compare {row.row} ({scale}): kept {page} "
                   f"({before} finished runs); this build has only {finished_runs(c)} (the others' run dirs and "
                   f"records are not here): not replaced (--force replaces it)", file=sys.stderr)
-            return existing.with_suffix(".md") if scale != "smoke" else existing
+            return page
     dest.mkdir(parents=True, exist_ok=True)
     if any(st == "done" for cell in c["jobs"].values() for st in cell.values()):
         Path(c["out"]).mkdir(parents=True, exist_ok=True)  # records only (a fresh clone): figures still drawn
     if Path(c["out"]).exists():  # the spec's compare.figures (curves / sweeps) drawn from the runs themselves
         try:
-            draw_figures(row, scale, Path(c["out"]), archive_root)
+            draw_figures(row, scale, Path(c["out"]), records)
         except (ValueError, OSError) as e:  # a figure must not cost the comparison table: say so, go on
             print(f"compare {row.row} ({scale}): figure not drawn: {' '.join(str(e).split())[:300]}", file=sys.stderr)
     pngs = sorted(Path(c["out"]).glob("*.png")) if Path(c["out"]).exists() else []
@@ -282,6 +286,6 @@ def write_comparison(row: Row, scale: str, out: Path | None = None, dest: Path |
         for p in pngs:
             shutil.copyfile(p, dest / f"{scale}_{p.name}")
         c["figures"] = [str(dest / f"{scale}_{p.name}") for p in pngs]
-        write_text(dest / f"{scale}.md", to_markdown(c))
+    write_text(dest / f"{scale}.md", to_markdown(c))
     write_json(dest / f"{scale}.json", c)
-    return dest / (f"{scale}.md" if scale != "smoke" else f"{scale}.json")
+    return dest / f"{scale}.md"

@@ -153,7 +153,7 @@ def test_a_claim_expands_over_the_rows_cells_and_is_judged_on_a_comparison():
     assert got["counts"] == {"holds": 1, "reversed": 0, "within seed noise": 0, "not run": 1}
     assert got["tests"] == ["paired t, n=3"]
     line = claims.verdict_line(got)
-    assert line.startswith("**holds** (1 holds of 1 run; 1 not run; paired t, n=3)")
+    assert line.startswith("**holds** (1 holds of 1 judged; 1 not run; paired t, n=3)")
 
 
 def test_the_comparison_page_and_status_show_each_claims_verdict(tmp_path, monkeypatch):
@@ -190,3 +190,23 @@ def test_the_comparison_page_and_status_show_each_claims_verdict(tmp_path, monke
     line = next(ln for ln in board.splitlines() if "`noisy_linearization_helps`" in ln)
     assert "**within seed noise**" in line and "paired t, n=3" in line   # cpu column
     assert line.endswith("| not run (no comparison at this scale) |")    # paper column
+
+
+def test_a_kept_page_gets_its_claims_section_spliced_in_and_nothing_else_changes():
+    """A comparison kept because its run dirs are elsewhere is not re-rendered (it may be older than the renderer):
+    only its claims section is replaced, or inserted before the sections that follow it."""
+    judged = claims.evaluate([{"id": "x", "quote": "Q.", "file": "f.txt", "section": "S", "direction": "better",
+                               "axis": "method", "pairs": [["a", "b"]], "metrics": ["accuracy"]}],
+                             [rec("a", A), rec("b", B)], JOBS, ["a", "b"], ["method"])
+    c = {"scale": "cpu", "claims": judged}
+    page = "# T\n\n## Cells\n\n| x |\n\n## Our figures\n\n![f](f.png)\n\n<details>\n\nnotes\n</details>\n"
+    once = compare_markdown.splice_claims(page, c)
+    assert once.startswith("# T\n\n## Cells\n\n| x |\n\n## The paper's claims: verdicts at cpu scale")
+    assert once.endswith("\n\n## Our figures\n\n![f](f.png)\n\n<details>\n\nnotes\n</details>\n")
+    assert "### `x`: **holds** (1 holds of 1 judged; paired t, n=3)" in once
+    # judged again (a verdict changed): the old section is replaced, not added to
+    c2 = {"scale": "cpu", "claims": [{**judged[0], "verdict": "reversed"}]}
+    twice = compare_markdown.splice_claims(once, c2)
+    assert twice.count("## The paper's claims") == 1 and "### `x`: **reversed**" in twice
+    assert twice.replace("**reversed**", "**holds**") == once
+    assert compare_markdown.splice_claims("# T\n\n## Cells\n", c).startswith("# T\n\n## Cells\n\n## The paper's claims")

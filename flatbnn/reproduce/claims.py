@@ -185,7 +185,7 @@ def evaluate(claims: list[dict] | None, records: list[dict], jobs: dict, cell_id
 
 
 def verdict_line(c: dict) -> str:
-    """``holds (3 of 4 comparisons; 1 not run; paired t, n=3)``: a claim's verdict as STATUS.md and the comparison
+    """``**holds** (3 holds of 3 judged; 1 not run; paired t, n=3)``: a claim's verdict as STATUS.md and the comparison
     page print it."""
     counts, total = c["counts"], len(c["comparisons"])
     if not total:
@@ -194,7 +194,7 @@ def verdict_line(c: dict) -> str:
         return f"not run (0 of {total} comparisons)"
     ran = total - counts["not run"]
     parts = [f"{counts[v]} {v}" for v in VERDICTS[:3] if counts[v]]
-    s = f"**{c['verdict']}** ({', '.join(parts)} of {ran} run"
+    s = f"**{c['verdict']}** ({', '.join(parts)} of {ran} judged"
     s += f"; {counts['not run']} not run" if counts["not run"] else ""
     return s + ("; " + "; ".join(c["tests"]) if c["tests"] else "") + ")"
 

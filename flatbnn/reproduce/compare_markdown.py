@@ -294,8 +294,30 @@ def _rejudge_claims(row: Row, scale: str, existing: Path) -> None:
     if fresh == kept.get("claims"):
         return
     kept["claims"] = fresh
-    write_text(existing.with_suffix(".md"), to_markdown(kept))
+    page = existing.with_suffix(".md")
+    if page.exists():
+        write_text(page, splice_claims(page.read_text(), kept))
     write_json(existing, kept)
+
+
+# the sections to_markdown writes after the claims: a spliced claims section goes before the first of them
+_AFTER_CLAIMS = ("## The analysis", "## The paper's figure", "## Our figures", "## Not run", "<details>")
+
+
+def splice_claims(page: str, c: dict) -> str:
+    """``page`` with its claims section replaced by (or, without one, given) ``c``'s, everything else as it was: a
+    kept page is not re-rendered, as it may be older than this renderer (its records lack what it now prints)."""
+    lines = page.rstrip("\n").split("\n")
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("## The paper's claims")), None)
+    if start is not None:  # the old section, with the blank line before it
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith(_AFTER_CLAIMS)), None)
+        del lines[start - 1:(end - 1 if end is not None else len(lines))]
+        at = start - 1
+    else:
+        nxt = next((i for i, ln in enumerate(lines) if ln.startswith(_AFTER_CLAIMS)), None)
+        at = nxt - 1 if nxt is not None else len(lines)
+    lines[at:at] = _claims_markdown(c)
+    return "\n".join(lines) + "\n"
 
 
 def write_comparison(row: Row, scale: str, out: Path | None = None, dest: Path | None = None,

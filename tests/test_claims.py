@@ -188,6 +188,7 @@ def test_the_comparison_page_and_status_show_each_claims_verdict(tmp_path, monke
     monkeypatch.setattr(status, "RESULTS_ROOT", dest)
     board = status.render()
     line = next(ln for ln in board.splitlines() if "`noisy_linearization_helps`" in ln)
+    assert line.startswith("| [bsam_t3](paper/bsam_t3.yaml) | ")
     assert "**within seed noise**" in line and "paired t, n=3" in line   # cpu column
     assert line.endswith("| not run (no comparison at this scale) |")    # paper column
 

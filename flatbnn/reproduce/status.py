@@ -171,7 +171,9 @@ def _claims_section() -> tuple[list[str], list[str]]:
                         if j and (RESULTS_ROOT / name / f"{scale}.md").exists() else "")
                 cells.append((verdict_line(j) if j else "not run (no comparison at this scale)") + link)
             quote = claim["quote"] if len(claim["quote"]) <= 160 else claim["quote"][:157] + "..."
-            lines.append(f"| `{name}` | `{claim['id']}` | \"{quote}\" ({claim['section']}) | " + " | ".join(cells) + " |")
+            # the row as a link to its claims (not `name`: the main table's lines are the ones that start "| `row`")
+            lines.append(f"| [{name}](paper/{name}.yaml) | `{claim['id']}` | \"{quote}\" ({claim['section']}) | "
+                         + " | ".join(cells) + " |")
     n = sum(totals["paper"].values())
     head = [f"**Claims: {n} in {rows} rows**; " + "; ".join(
         f"{scale} scale: " + ", ".join(f"{totals[scale][v]} {v}" for v in VERDICTS) for scale in CLAIM_SCALES)

@@ -25,11 +25,11 @@ from pathlib import Path
 import yaml
 
 from flatbnn.engine.report import CHANCE_SE
-from flatbnn.reproduce import archive
+from flatbnn.reproduce import archive, claims
 from flatbnn.reproduce.launch import OUTPUT_ROOT, checks_staleness, job_state, run_dir, stale_detail, stale_run
 from flatbnn.reproduce.protocol import fidelity_summary
 from flatbnn.reproduce.spec import REPO, Row
-from flatbnn.reproduce.stats import SeedStats, is_finite, paired_ttest, seed_stats, welch_ttest
+from flatbnn.reproduce.stats import NOISE_ALPHA, SeedStats, is_finite, seed_difference_test, seed_stats
 
 RESULTS_ROOT = REPO / "results" / "reproduce"
 # paper metric name -> where it lives in our results.json "metrics" (dotted path)
@@ -211,6 +211,7 @@ def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | No
         rest = {"out": ours["out"], "cells": {k: v for k, v in ours["cells"].items() if k not in covered}}
         extra = _ours_table(rest, metrics or DEFAULT_METRICS) if rest["cells"] else []
     direction = _directions(row, table) if scale != "smoke" else []
+    jobs = {cid: {str(s): st for s, (st, _) in c["states"].items()} for cid, c in ours["cells"].items()}
     runs = [r for c in ours["cells"].values() for r in c["runs"] if r.get("meta")]  # not a script's pseudo-runs
     script = None
     launch_file = Path(ours["out"]) / "launch.json"
@@ -218,7 +219,7 @@ def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | No
         script = json.loads(launch_file.read_text())
     return {"script": script, "row": row.row, "paper": row.paper, "title": row.title, "scale": scale, "out": ours["out"],
             "table": table, "ours_only": ours_only and row.kind != "script", "extra_table": extra, "direction": direction, "budget": _budget(row, scale, runs),
-            "jobs": {cid: {str(s): st for s, (st, _) in c["states"].items()} for cid, c in ours["cells"].items()},
+            "jobs": jobs, "claims": judge_claims(row, pd, table + extra, jobs) if scale != "smoke" else [],
             "failed": {f"{cid}/seed{s}": d for cid, c in ours["cells"].items() for s, (st, d) in c["states"].items()
                        if st == "failed"},
             "stale": {f"{cid}/seed{s}": d for cid, c in ours["cells"].items() for s, (st, d) in c["states"].items()
@@ -235,6 +236,12 @@ def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | No
             "included": {n: (Path(ours["out"]) / n).read_text() for n in (row.compare or {}).get("include") or []
                          if (Path(ours["out"]) / n).exists()},
             "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def judge_claims(row: Row, pd: dict, records: list[dict], jobs: dict) -> list[dict]:
+    """The paper file's claims, each judged on this comparison's records (flatbnn/reproduce/claims.py)."""
+    axes, cells = claims.cell_axes(row, pd)
+    return claims.evaluate(pd.get("claims"), records, jobs, cells, axes)
 
 
 def _ours_table(ours: dict, metrics: dict) -> list[dict]:
@@ -267,27 +274,19 @@ def _verdict(rec: dict) -> str:
     return "within" if abs(rec["delta"]) <= spread else "outside"
 
 
-#: two-sided level of "beyond seed noise": p < NOISE_ALPHA, i.e. |difference| > t_(1 - ALPHA/2, dof) standard errors
-#: of it -- 12.7 se at 1 dof (2 seeds), 4.30 at 2, 2.78 at 4 (vs 1.96 for many seeds). A fixed 2 standard errors
-#: calls a pure-noise difference 'beyond' 30 % of the time at 2 seeds and 18 % at 3.
-NOISE_ALPHA = 0.05
-
-
 def _separated(r: dict, b: dict) -> tuple[str | None, float | None]:
-    """Is our difference of two cells beyond seed noise: a two-sided t-test at NOISE_ALPHA (5 %)? Paired when both
-    cells have 2+ finite seeds in common (a seed fixes init and data order, and an eval row's cells share the trained
-    run): stats.paired_ttest over those seeds; otherwise Welch's test (stats.welch_ttest) from the two cells' mean,
-    std and n. Returns (verdict, se of the difference); ``None`` with fewer than 2 finite seeds on either side."""
-    xr, xb = r.get("ours_by_seed") or {}, b.get("ours_by_seed") or {}
-    common = sorted(set(xr) & set(xb))
-    if len(common) >= 2:
-        test = paired_ttest([xr[k] for k in common], [xb[k] for k in common])
-    elif r.get("ours_std") is None or b.get("ours_std") is None:
+    """Is our difference of two cells beyond seed noise: a two-sided t-test at NOISE_ALPHA (5 %)? Paired over the
+    seeds both cells have, else Welch (stats.seed_difference_test). Returns (verdict, se of the difference);
+    ``None`` with fewer than 2 finite seeds on either side."""
+    test = seed_difference_test(r.get("ours_by_seed") or {}, b.get("ours_by_seed") or {}, _summary(r), _summary(b))
+    if test is None:
         return None, None
-    else:
-        test = welch_ttest(*(SeedStats(x["ours_n"], x.get("ours_nonfinite", 0), x["ours_mean"], x["ours_std"])
-                             for x in (r, b)))
-    return ("yes" if test.beyond(NOISE_ALPHA) else "no"), test.se
+    return ("yes" if test.result.beyond(NOISE_ALPHA) else "no"), test.result.se
+
+
+def _summary(rec: dict) -> SeedStats:
+    """A table record's ``ours_*`` numbers as :class:`SeedStats`."""
+    return SeedStats(rec.get("ours_n") or 0, rec.get("ours_nonfinite", 0), rec.get("ours_mean"), rec.get("ours_std"))
 
 
 def _directions(row: Row, table: list[dict]) -> list[dict]:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from flatbnn.engine.checkpoint import write_json, write_text
 from flatbnn.engine.report import CHANCE_SE
+from flatbnn.reproduce.claims import describe, verdict_line
 from flatbnn.reproduce.compare import (NOISE_ALPHA, NOT_AT_SCALE, RESULTS_ROOT, archive_row, build, finished_runs,
-                                       paper_progress)
+                                       judge_claims, paper_progress)
 from flatbnn.reproduce.figures import draw_figures
 from flatbnn.reproduce.launch import OUTPUT_ROOT
 from flatbnn.reproduce.spec import Row
@@ -160,6 +161,7 @@ def to_markdown(c: dict) -> str:
                          f"({_fmt(d['paper'][0], unit=d.get('unit'))} vs {_fmt(d['paper'][1], unit=d.get('unit'))}) | "
                          f"{d['ours_better'] or '–'} ({_fmt(d['ours'][0], unit=d.get('unit'))} vs "
                          f"{_fmt(d['ours'][1], unit=d.get('unit'))}) | {mark} | {d.get('beyond_noise') or '–'} |")
+    lines += _claims_markdown(c)
     for name, text in (c.get("included") or {}).items():  # the script's own report (e.g. derived ratios)
         body = text.splitlines()
         if body and body[0].startswith("# "):
@@ -182,6 +184,40 @@ def to_markdown(c: dict) -> str:
         lines += ["", "<details><summary>Notes on the paper's table</summary>", ""]
         lines += [f"- {n}" for n in c["paper_notes"]] + ["", "</details>"]
     return "\n".join(lines) + "\n"
+
+
+_SCALE_WORDS = {"cpu": "cpu scale (the reduced budget above), NOT the paper's scale",
+                "paper": "paper scale (the paper's protocol)"}
+
+
+def _claims_markdown(c: dict) -> list[str]:
+    """The paper's claims (results/paper/<row>.yaml ``claims:``) with one verdict each at this scale, and the
+    comparisons behind it (flatbnn/reproduce/claims.py decides; definitions: docs/reproduce.md, Claims)."""
+    if not c.get("claims"):
+        return []
+    lines = ["", f"## The paper's claims: verdicts at {_SCALE_WORDS.get(c['scale'], c['scale'])}", "",
+             f"Each comparison: a two-sided t-test at {NOISE_ALPHA:.0%} of our difference a - b (paired over the seeds "
+             "both cells have, else Welch). better / worse: holds or reversed when beyond seed noise, else within seed "
+             "noise; comparable: holds unless the difference is beyond seed noise; not worse: reversed only when a is "
+             "worse beyond seed noise. The claim: reversed if any comparison is, else within seed noise if any is, else "
+             "holds; not run where no comparison ran (docs/reproduce.md, Claims)."]
+    for cl in c["claims"]:
+        lines += ["", f"### `{cl['id']}`: {verdict_line(cl)}", "",
+                  f"> {cl['quote']}", ">", f"> -- `{cl['file']}`, {cl['section']}", "",
+                  f"Claimed: {describe(cl)}." + (f" {cl['note']}" if cl.get("note") else "")]
+        ran = [x for x in cl["comparisons"] if x["verdict"] != "not run"]
+        if ran:
+            lines += ["", "| a | b | metric | ours a vs b | a - b ± se | test (n) | p | verdict |",
+                      "|---|---|---|---|---|---|---|---|"]
+            lines += [f"| `{x['a']}` | `{x['b']}` | {x['metric']} | {_fmt(x['ours'][0], unit=x['unit'])} vs "
+                      f"{_fmt(x['ours'][1], unit=x['unit'])} | {_fmt(x['diff'], x['se'], unit=x['unit'])} | "
+                      f"{x['test']} ({x['n']}) | {x['p']:.3g} | {x['verdict']} |" for x in ran]
+        idle = [x for x in cl["comparisons"] if x["verdict"] == "not run"]
+        if idle:
+            why = sorted({x["detail"] for x in idle})
+            lines += ["", f"Not run: {len(idle)} comparisons ({'; '.join(why[:4])}"
+                      + (f"; and {len(why) - 4} more" if len(why) > 4 else "") + ")."]
+    return lines
 
 
 def _fidelity_markdown(c: dict) -> list[str]:
@@ -246,6 +282,44 @@ def _ours_only_markdown(c: dict) -> list[str]:
     return lines
 
 
+def _rejudge_claims(row: Row, scale: str, existing: Path) -> None:
+    """A kept comparison (its run dirs are not here) still gets the paper file's current claims, judged on its own
+    records (the claims are data of the paper file, the records are what the runs gave): json and page rewritten
+    only when the claims changed."""
+    if scale == "smoke":
+        return
+    kept = json.loads(existing.read_text())
+    fresh = judge_claims(row, row.paper_data() or {}, (kept.get("table") or []) + (kept.get("extra_table") or []),
+                         kept.get("jobs") or {})
+    if fresh == kept.get("claims"):
+        return
+    kept["claims"] = fresh
+    page = existing.with_suffix(".md")
+    if page.exists():
+        write_text(page, splice_claims(page.read_text(), kept))
+    write_json(existing, kept)
+
+
+# the sections to_markdown writes after the claims: a spliced claims section goes before the first of them
+_AFTER_CLAIMS = ("## The analysis", "## The paper's figure", "## Our figures", "## Not run", "<details>")
+
+
+def splice_claims(page: str, c: dict) -> str:
+    """``page`` with its claims section replaced by (or, without one, given) ``c``'s, everything else as it was: a
+    kept page is not re-rendered, as it may be older than this renderer (its records lack what it now prints)."""
+    lines = page.rstrip("\n").split("\n")
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("## The paper's claims")), None)
+    if start is not None:  # the old section, with the blank line before it
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith(_AFTER_CLAIMS)), None)
+        del lines[start - 1:(end - 1 if end is not None else len(lines))]
+        at = start - 1
+    else:
+        nxt = next((i for i, ln in enumerate(lines) if ln.startswith(_AFTER_CLAIMS)), None)
+        at = nxt - 1 if nxt is not None else len(lines)
+    lines[at:at] = _claims_markdown(c)
+    return "\n".join(lines) + "\n"
+
+
 def write_comparison(row: Row, scale: str, out: Path | None = None, dest: Path | None = None,
                      force: bool = False, records: Path | None = None) -> Path:
     """Write ``results/reproduce/<row>/<scale>.json`` and the page ``<scale>.md`` (at smoke too: which cells ran),
@@ -268,6 +342,7 @@ def write_comparison(row: Row, scale: str, out: Path | None = None, dest: Path |
         except (OSError, ValueError):
             before = 0
         if before > finished_runs(c):
+            _rejudge_claims(row, scale, existing)
             page = existing.with_suffix(".md") if existing.with_suffix(".md").exists() else existing
             print(f"compare {row.row} ({scale}): kept {page} "
                   f"({before} finished runs); this build has only {finished_runs(c)} (the others' run dirs and "

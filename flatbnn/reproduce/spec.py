@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from flatbnn import resources
+from flatbnn.reproduce import claims as claims_mod
 
 REPO = resources.project_root()  # where outputs/ and results/ are written
 ROWS_DIR = resources.ROWS_DIR
@@ -222,6 +223,8 @@ def load_paper_data(path: str | Path) -> dict:
         for m in metrics:
             v = c.get(m)
             _check(v is None or isinstance(v, dict), path, f"cell {c['cell']!r}: {m} must be {{mean:, std:}}")
+    bad = claims_mod.problems(data.get("claims"), axes, metrics)
+    _check(not bad, path, "; ".join(bad[:3]) + " (claims: docs/reproduce.md)")
     return data
 
 
@@ -237,6 +240,11 @@ def check_all() -> list[str]:
                 missing = [c["cell"] for c in pd["cells"] if c["cell"] not in ids]
                 if missing:
                     problems.append(f"{name}: paper cells without a spec cell: {missing[:5]}")
+            if pd is not None:  # a claim that names no pair of existing cells would be 'not run' forever
+                axes, cells = claims_mod.cell_axes(row, pd)
+                idle = [c["id"] for c in pd.get("claims") or [] if not claims_mod.expand(c, cells, axes)]
+                if idle:
+                    problems.append(f"{name}: claims comparing no pair of the row's cells: {idle}")
         except SpecError as e:
             problems.append(str(e))
     for p in sorted(PAPER_DIR.glob("*.yaml")):

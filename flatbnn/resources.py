@@ -37,13 +37,13 @@ def project_root() -> Path:
 
 
 def group_options(group: str, configs_dir: Path | None = None) -> dict[str, dict]:
-    """The options of config group ``group`` (``configs/<group>/<name>.yaml``) by name, each file read as YAML
-    (``defaults`` not followed; an empty file is ``{}``). The lists that follow the configs -- the classes a group
+    """The options of config group ``group`` (``configs/<group>/<name>.yaml``) by name, each file read as Hydra
+    reads it (OmegaConf's YAML: ``1.0e6`` is a number; ``defaults`` not followed; an empty file is ``{}``). The lists that follow the configs -- the classes a group
     offers, the step proofs' cases, the benchmark's rows -- are read from here, never written out by hand."""
-    import yaml
+    from omegaconf import OmegaConf
 
     folder = Path(configs_dir or CONFIGS_DIR) / group
-    return {f.stem: yaml.safe_load(f.read_text()) or {} for f in sorted(folder.glob("*.yaml"))}
+    return {f.stem: OmegaConf.to_container(OmegaConf.load(f), resolve=False) or {} for f in sorted(folder.glob("*.yaml"))}
 
 
 def own_targets(group: str, configs_dir: Path | None = None) -> dict[str, str]:

@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from flatbnn.bench.variants import flatness_partner
 from flatbnn.keyroles import constructor_keys, method_class
 from flatbnn.resources import own_targets
 from helpers import compose_cfg
@@ -31,14 +32,6 @@ OWN_PERTURBATION = {name for name, cls in METHODS.items() if cls.own_perturbatio
 M8 = {name for name in OWN_PERTURBATION if "m" in constructor_keys(METHODS[name])}
 
 
-def flatness_partner(flat: str) -> str:
-    """The method a flatness variant is proven with: map, or the first method that gives it the per-weight scaling
-    it needs (``Flatness.needs_scaling``: geometry)."""
-    if not FLATNESS[flat].needs_scaling:
-        return "map"
-    return next(m for m, cls in METHODS.items() if callable(getattr(cls, "flatness_scaling", None)))
-
-
 def pairs() -> list[tuple[str, str]]:
     """(method, flatness) of every method config x {none, sam, sam m=8} and of every flatness config."""
     out = []
@@ -47,7 +40,8 @@ def pairs() -> list[tuple[str, str]]:
             if method in OWN_PERTURBATION and (flat == "sam" or flat == "m8" and method not in M8):
                 continue
             out.append((method, flat))
-    out += [(flatness_partner(f), f) for f in FLATNESS if f not in ("none", "sam")]
+    # with map, or the method that gives the variant the per-weight scaling it needs (the benchmark's partner)
+    out += [(flatness_partner(cls, METHODS), f) for f, cls in FLATNESS.items() if f not in ("none", "sam")]
     return out
 
 

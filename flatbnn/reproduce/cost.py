@@ -194,25 +194,11 @@ class Rate:
 
 
 def _bench_pairs() -> dict[str, tuple[str, str, int]]:
-    """scripts/benchmark.py's labels -> (method class, flatness class, m): the objects that script builds."""
-    import importlib.util
-    import sys
+    """scripts/benchmark.py's row labels -> (method class, flatness class, m): what each row builds
+    (flatbnn/bench/variants.py, read from configs/)."""
+    from flatbnn.bench import variants
 
-    path = REPO / "scripts" / "benchmark.py"
-    if not path.is_file():  # an installed package ships no scripts/: no benchmark matches, estimates are assumed
-        return {}
-    spec = importlib.util.spec_from_file_location("_flatbnn_benchmark", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("_flatbnn_benchmark", mod)
-    spec.loader.exec_module(mod)
-    out = {}
-    for mname, make_method in mod.METHODS.items():
-        method = make_method()
-        for fname, make_flat in mod.FLATNESS.items():
-            flat = make_flat()
-            m = getattr(flat, "m", None) or getattr(method, "m", None) or 1
-            out[f"{mname}+{fname}"] = (type(method).__name__, type(flat).__name__, int(m))
-    return out
+    return variants.pair_classes()
 
 
 def measured_rates(bench_dir: Path | None = None, records_root: Path | None = None) -> dict[tuple, list[Rate]]:

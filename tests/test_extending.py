@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -96,6 +97,27 @@ def test_validation_reads_the_fewest_samples_from_the_method_class():
     check_values(compose_cfg(["method=bsam", "method.num_samples=0"]))
     with pytest.raises(ConfigError, match=r"method.num_samples=-1: .*>= 0"):
         check_values(compose_cfg(["method=bsam", "method.num_samples=-1"]))
+
+
+def test_analyze_asks_the_method_class_whether_it_samples_weights(monkeypatch):
+    """scripts/analyze.py's sharpness / landscapes need weight samples: the class says whether it has them
+    (``Method.samples_weights``), and the refusal lists the shipped methods whose class does."""
+    import importlib.util
+
+    from flatbnn.methods.hwa import HWA
+    from flatbnn.methods.sgvb import SGVB
+
+    spec = importlib.util.spec_from_file_location("analyze", REPO / "scripts" / "analyze.py")
+    analyze = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "analyze", analyze)  # its dataclasses look their module up by name
+    spec.loader.exec_module(analyze)
+
+    class Run:
+        path, method = Path("run"), HWA()   # a subclass of SGVB: its noise is drawn in the forward pass too
+    with pytest.raises(SystemExit, match=r"methods that sample them: bsam, deep_ens, map, rsam, sgld, swag, vogn, "
+                                         r"vsam\)$"):
+        next(analyze.sampled_models(Run, 2))
+    assert not SGVB.samples_weights
 
 
 # ------------------------------------------------------------------------------------------ one file + one YAML

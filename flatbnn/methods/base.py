@@ -59,6 +59,10 @@ class Method:
     #: ``evaluate.py`` may override them on a finished run of this method (flatbnn/keyroles.py). A subclass adds
     #: its own (``predict_keys = Method.predict_keys + ("scale",)``); every other key of the method is a training key
     predict_keys: tuple[str, ...] = ("num_samples",)
+    #: True where each posterior sample is a setting of the weights (``predict({}, k)`` sets them in turn: what
+    #: sharpness and loss landscapes of samples need, scripts/analyze.py); False where the predictive draws its
+    #: noise inside the forward pass (SGVB's local reparameterisation / flipout, MC dropout's masks)
+    samples_weights = True
     #: False for methods whose step keeps host-side state (counters, sample collection, member swaps): with
     #: ``trainer.cuda_graph=true`` their steps run eagerly (flatbnn/engine/graphed.py), with a one-line reason
     capturable = True

@@ -84,6 +84,12 @@ def apply_overrides(cfg, args: list[str]) -> list[str]:
     # method.* keys are the run's method class's (flatbnn/keyroles.py): one key may be a prediction key of one
     # method and a training key of another (method.prior_precision)
     method = OmegaConf.select(cfg, "method._target_", default=None)
+    if method is not None and any(o.key_or_group.startswith(keyroles.METHOD) for o in overrides):
+        try:
+            method = keyroles.method_class(method)
+        except Exception as e:  # the run's class is gone (renamed, uninstalled): it could not be rebuilt either
+            raise EvalError(f"method._target_={method}: the run's method class cannot be imported "
+                            f"({' '.join(str(e).split())[:200]})") from None
     applied = []
     for o in overrides:
         key = o.key_or_group
@@ -109,7 +115,7 @@ def apply_overrides(cfg, args: list[str]) -> list[str]:
                 continue  # no change: accepted for any key (e.g. a full command line pasted back)
         if not is_eval_key(key, method):
             role = keyroles.role_of(key, method)
-            whose = f" of {method.rsplit('.', 1)[-1]}" if key.startswith(keyroles.METHOD) and method else ""
+            whose = f" of {method.__name__}" if key.startswith(keyroles.METHOD) and isinstance(method, type) else ""
             raise EvalError(f"{key}: refusing a change ({role.name} key{whose}: {role.meaning}); evaluate.py "
                             f"re-evaluates a run's trained weights -- train a new run for {o.input_line}; "
                             f"evaluation-side keys (flatbnn/keyroles.py): {', '.join(eval_keys(method))}")

@@ -135,6 +135,10 @@ def test_evaluate_reads_the_roles_of_the_runs_own_method(monkeypatch):
     assert keyroles.role_of("method.prior_precision") is keyroles.TRAIN
     assert keyroles.role_of("method.prior_precision", f"{__name__}.DiagLaplace") is keyroles.PREDICT
     assert "method.prior_precision" not in evaluate.eval_keys()
+    gone = OmegaConf.create({"method": {"_target_": "flatbnn.methods.gone.Gone", "num_samples": 3}})
+    with pytest.raises(evaluate.EvalError, match="the run's method class cannot be imported") as e:
+        evaluate.apply_overrides(gone, ["method.num_samples=5"])  # its roles cannot be read: one line, exit 2
+    assert "\n" not in str(e.value)
 
 
 def test_seed_and_labels_keep_a_run_but_never_split_its_row():

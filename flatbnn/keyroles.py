@@ -209,16 +209,24 @@ def role_of(key: str, method=None) -> Role:
     return KEY_ROLES[entry] if entry is not None else DEFAULT_ROLE
 
 
+def _answer(key: str, attribute: str, method=None) -> bool:
+    # a method key is PREDICT or TRAIN: where the two agree the classes need not be imported (the aggregation and
+    # the resume check stay free of torch)
+    if key.startswith(METHOD) and getattr(PREDICT, attribute) == getattr(TRAIN, attribute):
+        return getattr(TRAIN, attribute)
+    return getattr(role_of(key, method), attribute)
+
+
 def resume_may_change(key: str) -> bool:
-    return role_of(key).resume_may_change
+    return _answer(key, "resume_may_change")
 
 
 def splits_rows(key: str) -> bool:
-    return role_of(key).splits_rows
+    return _answer(key, "splits_rows")
 
 
 def evaluable(key: str, method=None) -> bool:
-    return role_of(key, method).evaluable
+    return _answer(key, "evaluable", method)
 
 
 def method_predict_keys(method=None) -> tuple[str, ...]:

@@ -205,3 +205,16 @@ def test_the_derived_key_lists_say_what_the_roles_say(config_keys):
         assert covered(key, IGNORED_KEYS) == (not role.splits_rows), key
         assert covered(key, evaluate.eval_keys()) == role.evaluable, key
     assert config_key(_with("trainer.eval_batch_size", 7)) == config_key(CFG)
+
+
+def test_the_resume_check_and_the_rows_ask_no_method_class():
+    """PREDICT and TRAIN agree on resuming and on rows, so a method key's answer there imports no method class (the
+    aggregation runs without torch); evaluate.py's question imports them."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from flatbnn import keyroles as k; "
+            "a = (k.splits_rows('method.scale'), k.resume_may_change('method.scale')); "
+            "print(a, 'torch' in sys.modules, k.evaluable('method.scale'), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["(True,", "False)", "False", "True", "True"], out.stdout + out.stderr

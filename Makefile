@@ -1,6 +1,7 @@
 # flatbnn -- one-command setup, demo, tests.
 #   make demo    sets up .venv (first time) and runs SGD vs SAM on the embedded digits set (< 3 min, CPU)
 #   make test    runs the test suite (the README's and CI's test command)
+#   make regen   rewrites every generated block (README option table, import drawing, STATUS.md, ...) from its sources
 VENV   ?= .venv
 PY     ?= $(VENV)/bin/python
 # torch 2.14.1 / torchvision 0.29.1 are what the dev and CI machines hold on disk; any torch >= 2.11 works (pyproject.toml's floor).
@@ -149,3 +150,14 @@ reproduce-bsam-twomoons: setup
 .PHONY: readme-options
 readme-options: setup
 	$(PY) scripts/readme_options.py
+
+# every generated block, rewritten from its sources (a new config option, method or module changes some of them;
+# each has a test that fails while it is stale): README's option table, the import drawing in docs/ARCHITECTURE.md,
+# docs/models.md's parameter table, results/STATUS.md, docs/cluster.md's cost table (that one takes a few minutes)
+.PHONY: regen
+regen: setup
+	$(PY) scripts/readme_options.py
+	$(PY) scripts/import_graph.py --write
+	$(PY) scripts/param_counts.py --markdown --update docs/models.md
+	$(PY) scripts/reproduce.py status
+	$(PY) scripts/estimate_cost.py --write-docs

@@ -6,8 +6,8 @@
     python evaluate.py run=RUN dataset.shift_root=/data/CIFAR-10-C trainer.device=cpu
 
 Loads the run's resolved config (``RUN/.hydra/config.yaml``), applies the overrides -- evaluation-side
-keys only (the predict and runtime roles declared in ``flatbnn/keyroles.py``: predictive-only method keys
-such as ``method.num_samples`` / ``method.scale``, ``metrics.*``, the test / OOD / shifted test sets, data
+keys only (the predict and runtime roles declared in ``flatbnn/keyroles.py``: the predictive-only keys the run's
+method class declares, such as ``method.num_samples`` / SWAG's ``method.scale``, ``metrics.*``, the test / OOD / shifted test sets, data
 paths, eval batch size, device); a key that shapes the trained weights (``optimizer.lr``, ``model.*``,
 ``seed``, ``trainer.epochs``, ...) is refused -- rebuilds data, model and method with train.py's builder
 (``flatbnn.engine.build.build``), restores the method from ``RUN/checkpoints/last.pt`` (which must be the
@@ -30,9 +30,12 @@ from pathlib import Path
 from flatbnn import keyroles
 from flatbnn.cli import EXIT_CONFIG, one_line_error
 
-#: keys that change only how the trained weights are evaluated: the predict and runtime roles of flatbnn/keyroles.py
-#: (a key below one of these counts too, e.g. ``metrics.ece_bins``, ``dataset.ood_roots.svhn``)
-EVAL_KEYS = keyroles.declared("evaluable")
+
+def eval_keys(method=None) -> tuple[str, ...]:
+    """Keys that change only how the trained weights are evaluated: the predict and runtime roles of
+    flatbnn/keyroles.py, with the prediction keys of the run's ``method`` class (a ``_target_``; None: those every
+    shipped method agrees on). A key below one of these counts too (``metrics.ece_bins``, ``dataset.ood_roots.svhn``)."""
+    return keyroles.declared("evaluable", method=method)
 
 
 class EvalError(ValueError):
@@ -49,8 +52,8 @@ def _usage() -> str:
     return f"{'' if command() == 'flatbnn-eval' else 'python '}{command()} run=<run dir> [key=value ...]"
 
 
-def is_eval_key(key: str) -> bool:
-    return keyroles.evaluable(key)
+def is_eval_key(key: str, method=None) -> bool:
+    return keyroles.evaluable(key, method)
 
 
 def split_args(argv: list[str]) -> tuple[Path, str | None, list[str]]:
@@ -88,6 +91,15 @@ def apply_overrides(cfg, args: list[str]) -> list[str]:
         overrides = OverridesParser.create().parse_overrides(args)
     except HydraException as e:
         raise EvalError(" ".join(str(e).split())) from None
+    # method.* keys are the run's method class's (flatbnn/keyroles.py): one key may be a prediction key of one
+    # method and a training key of another (method.prior_precision)
+    method = OmegaConf.select(cfg, "method._target_", default=None)
+    if method is not None and any(o.key_or_group.startswith(keyroles.METHOD) for o in overrides):
+        try:
+            method = keyroles.method_class(method)
+        except Exception as e:  # the run's class is gone (renamed, uninstalled): it could not be rebuilt either
+            raise EvalError(f"method._target_={method}: the run's method class cannot be imported "
+                            f"({' '.join(str(e).split())[:200]})") from None
     applied = []
     for o in overrides:
         key = o.key_or_group
@@ -111,11 +123,12 @@ def apply_overrides(cfg, args: list[str]) -> list[str]:
                 current = object()
             if current == value:
                 continue  # no change: accepted for any key (e.g. a full command line pasted back)
-        if not is_eval_key(key):
-            role = keyroles.role_of(key)
-            raise EvalError(f"{key}: refusing a change ({role.name} key: {role.meaning}); {command()} re-evaluates a "
-                            f"run's trained weights -- train a new run for {o.input_line}; evaluation-side keys "
-                            f"(flatbnn/keyroles.py): {', '.join(EVAL_KEYS)}")
+        if not is_eval_key(key, method):
+            role = keyroles.role_of(key, method)
+            whose = f" of {method.__name__}" if key.startswith(keyroles.METHOD) and isinstance(method, type) else ""
+            raise EvalError(f"{key}: refusing a change ({role.name} key{whose}: {role.meaning}); {command()} "
+                            f"re-evaluates a run's trained weights -- train a new run for {o.input_line}; "
+                            f"evaluation-side keys (flatbnn/keyroles.py): {', '.join(eval_keys(method))}")
         OmegaConf.update(cfg, key, value, merge=True, force_add=o.type != OverrideType.CHANGE)
         applied.append(o.input_line)
     return applied

@@ -12,11 +12,18 @@ prefix (``method.num_samples`` before ``method``); a key under no declaration --
 -- is a :data:`TRAIN` key, the safe default (refused on resume, its own row, not evaluable). Config groups whose
 keys all shape the weights (``model``, ``optimizer``, ...) are declared once as a group; ``trainer`` and
 ``dataset`` mix roles, so each of their keys is declared (tests/test_keyroles.py checks that every key of the
-configs is). A new predictive method key is evaluable once it is declared here as :data:`PREDICT`.
+configs is).
+
+``method.*`` keys are the method class's: a key its class lists in ``predict_keys`` (flatbnn/methods/base.py) is a
+:data:`PREDICT` key of that method, every other one a :data:`TRAIN` key. One key path may mean different things
+to two methods, so ``role_of`` takes the run's method (``cfg.method._target_``): ``evaluate.py`` always passes it.
+Without one, a ``method.*`` key is :data:`PREDICT` only where every shipped method class that takes it says so
+(tests/test_keyroles.py fails on a key two classes give different roles).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 
@@ -64,13 +71,7 @@ KEY_ROLES: dict[str, Role] = {
     "optimizer": TRAIN,
     "scheduler": TRAIN,
     "flatness": TRAIN,
-    "method": TRAIN,
-    # predictive-only method keys: how many / how wide posterior samples, their seed, the BN refresh per sample
-    "method.num_samples": PREDICT,
-    "method.scale": PREDICT,
-    "method.eval_seed": PREDICT,
-    "method.bn_refresh": PREDICT,
-    "method.bn_refresh_fraction": PREDICT,
+    "method": TRAIN,                         # below it: each method class's predict_keys (method_role)
     # ---- trainer: every key
     "trainer.epochs": TRAIN,
     "trainer.batch_size": TRAIN,
@@ -128,6 +129,67 @@ KEY_ROLES: dict[str, Role] = {
 }
 
 
+METHOD = "method."
+
+
+def method_class(method):
+    """The method class of ``method``: a class, or a ``_target_`` path as a run's config names it (imported by name,
+    as Hydra instantiates it: this module stays below the methods)."""
+    if isinstance(method, type):
+        return method
+    from hydra.utils import get_class
+
+    return get_class(str(method))
+
+
+def constructor_keys(cls) -> frozenset[str]:
+    """The ``method.<key>`` names a method class takes: its constructor's arguments (the group's schema), with its
+    bases' where it passes ``**kwargs`` on (HWA to SGVB)."""
+    import inspect
+
+    names: set[str] = set()
+    for base in cls.__mro__:
+        if "__init__" not in vars(base):
+            continue
+        params = inspect.signature(vars(base)["__init__"]).parameters.values()
+        names |= {p.name for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return frozenset(names)
+
+
+@functools.cache
+def shipped_method_classes() -> tuple[type, ...]:
+    """Every class a shipped ``configs/method/`` option names (flatbnn/resources.py: own_targets)."""
+    from flatbnn.resources import own_targets
+
+    return tuple(dict.fromkeys(method_class(t) for t in own_targets("method").values()))
+
+
+def role_collisions(classes) -> list[str]:
+    """One line per ``method.<key>`` that two of ``classes`` give different roles: a prediction key of one (its
+    ``predict_keys``) that another takes as a training key (a constructor argument it does not list)."""
+    out = []
+    for name in sorted({n for c in classes for n in c.predict_keys}):
+        predict = [c.__name__ for c in classes if name in c.predict_keys]
+        train = [c.__name__ for c in classes if name in constructor_keys(c) and name not in c.predict_keys]
+        if train:
+            out.append(f"{METHOD}{name}: a prediction key of {', '.join(predict)} but a training key of "
+                       f"{', '.join(train)}")
+    return out
+
+
+def method_role(key: str, method=None) -> Role:
+    """The role of ``method.<name>[...]``: :data:`PREDICT` if the method class lists ``<name>`` in its
+    ``predict_keys``, else :data:`TRAIN`. Without a method: :data:`PREDICT` only if every shipped method class
+    taking ``<name>`` lists it (a disputed key is a training key, the safe side)."""
+    name = key[len(METHOD):].split(".")[0]
+    if method is not None:
+        return PREDICT if name in method_class(method).predict_keys else TRAIN
+    takers = [c for c in shipped_method_classes() if name in constructor_keys(c) or name in c.predict_keys]
+    return PREDICT if takers and all(name in c.predict_keys for c in takers) else TRAIN
+
+
 def declaration(key: str) -> str | None:
     """The entry of :data:`KEY_ROLES` that decides ``key``: its longest declared prefix (None: the default)."""
     parts = key.split(".")
@@ -138,29 +200,51 @@ def declaration(key: str) -> str | None:
     return None
 
 
-def role_of(key: str) -> Role:
-    """The role of a dotted config key (``trainer.eval_batch_size`` -> :data:`RUNTIME`)."""
+def role_of(key: str, method=None) -> Role:
+    """The role of a dotted config key (``trainer.eval_batch_size`` -> :data:`RUNTIME`); a ``method.*`` key's is
+    its method class's (``method``: the run's class or ``_target_``; see :func:`method_role`)."""
+    if key.startswith(METHOD):
+        return method_role(key, method)
     entry = declaration(key)
     return KEY_ROLES[entry] if entry is not None else DEFAULT_ROLE
 
 
+def _answer(key: str, attribute: str, method=None) -> bool:
+    # a method key is PREDICT or TRAIN: where the two agree the classes need not be imported (the aggregation and
+    # the resume check stay free of torch)
+    if key.startswith(METHOD) and getattr(PREDICT, attribute) == getattr(TRAIN, attribute):
+        return getattr(TRAIN, attribute)
+    return getattr(role_of(key, method), attribute)
+
+
 def resume_may_change(key: str) -> bool:
-    return role_of(key).resume_may_change
+    return _answer(key, "resume_may_change")
 
 
 def splits_rows(key: str) -> bool:
-    return role_of(key).splits_rows
+    return _answer(key, "splits_rows")
 
 
-def evaluable(key: str) -> bool:
-    return role_of(key).evaluable
+def evaluable(key: str, method=None) -> bool:
+    return _answer(key, "evaluable", method)
 
 
-def declared(attribute: str, value: bool = True) -> tuple[str, ...]:
-    """The declared keys whose role has ``attribute == value`` (for messages and docs; ask the functions above
-    for one key: a declared key below one of these may have another role)."""
-    return tuple(k for k, role in KEY_ROLES.items() if getattr(role, attribute) == value)
+def method_predict_keys(method=None) -> tuple[str, ...]:
+    """``method.<key>`` for each key :func:`method_role` makes :data:`PREDICT` (of ``method``, or of every shipped
+    method class where they agree)."""
+    classes = (method_class(method),) if method is not None else shipped_method_classes()
+    names = dict.fromkeys(n for c in classes for n in c.predict_keys)
+    return tuple(METHOD + n for n in names if method_role(METHOD + n, method) is PREDICT)
+
+
+def declared(attribute: str, value: bool = True, method=None) -> tuple[str, ...]:
+    """The declared keys whose role has ``attribute == value``, with the method classes' prediction keys where
+    :data:`PREDICT` has it (for messages and docs; ask the functions above for one key: a declared key below one of
+    these may have another role). The method classes are imported only when their keys belong to the answer."""
+    keys = tuple(k for k, role in KEY_ROLES.items() if getattr(role, attribute) == value)
+    return keys + (method_predict_keys(method) if getattr(PREDICT, attribute) == value else ())
 
 
 __all__ = ["BOOKKEEPING", "DEFAULT_ROLE", "IDENTITY", "KEY_ROLES", "ORIGIN", "PREDICT", "RUNTIME", "Role", "TRAIN",
-           "declaration", "declared", "evaluable", "resume_may_change", "role_of", "splits_rows"]
+           "constructor_keys", "declaration", "role_collisions", "declared", "evaluable", "method_class", "method_predict_keys",
+           "method_role", "resume_may_change", "role_of", "shipped_method_classes", "splits_rows"]

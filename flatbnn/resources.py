@@ -34,3 +34,20 @@ def project_root() -> Path:
     """Where the reproduce tools write ``outputs/`` and ``results/``: the checkout; for an installed wheel the
     current directory (as Hydra writes ``outputs/`` where it is run)."""
     return CHECKOUT if CHECKOUT is not None else Path.cwd()
+
+
+def group_options(group: str, configs_dir: Path | None = None) -> dict[str, dict]:
+    """The options of config group ``group`` (``configs/<group>/<name>.yaml``) by name, each file read as Hydra
+    reads it (OmegaConf's YAML: ``1.0e6`` is a number; ``defaults`` not followed; an empty file is ``{}``). The lists that follow the configs -- the classes a group
+    offers, the step proofs' cases, the benchmark's rows -- are read from here, never written out by hand."""
+    from omegaconf import OmegaConf
+
+    folder = Path(configs_dir or CONFIGS_DIR) / group
+    return {f.stem: OmegaConf.to_container(OmegaConf.load(f), resolve=False) or {} for f in sorted(folder.glob("*.yaml"))}
+
+
+def own_targets(group: str, configs_dir: Path | None = None) -> dict[str, str]:
+    """``{option: _target_}`` of the options of ``group`` that name a class of their own (a top-level ``_target_``;
+    an option that only sets keys of another, ``swag_diag`` of ``swag``, or a preset, ``f_swag``, names none)."""
+    return {name: str(node["_target_"]) for name, node in group_options(group, configs_dir).items()
+            if isinstance(node, dict) and node.get("_target_")}

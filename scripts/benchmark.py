@@ -6,6 +6,10 @@
     python scripts/benchmark.py --smoke                  # tiny model, 2 steps: the pipeline in seconds (CI)
     python scripts/benchmark.py --reference              # + minimal loops of the reference codes, same data
 
+The pairs' methods and flatness variants are the options of configs/method and configs/flatness, built as a run
+builds them (flatbnn/bench/variants.py: the labels, the default rows, what the benchmark changes of a config); a new
+method or variant is in the default rows without being named here.
+
 Every pair (and, with ``--reference``, every reference loop) is timed in interleaved rounds
 (``--repeats``): round r times all of them once, so drifting clocks or a busy neighbour hit every
 pair alike; the median step time over rounds is reported with its spread (min, max), and every ratio
@@ -37,47 +41,17 @@ from flatbnn.cli import EXIT_CONFIG  # noqa: E402
 from flatbnn.engine.backprop import Backprop  # noqa: E402
 from flatbnn.engine.checkpoint import write_json, write_text  # noqa: E402
 from flatbnn.engine.provenance import git_commit, hardware  # noqa: E402
-from flatbnn.flatness import ASAM, SAM, FisherSAM, Geometry, NoFlatness, RandomSAM  # noqa: E402
+from flatbnn.bench import variants  # noqa: E402
+from flatbnn.methods import SWAG, RunContext  # noqa: E402
 from flatbnn.methods.bsam import BSAM  # noqa: E402
-from flatbnn.methods.hwa import HWA  # noqa: E402
-from flatbnn.methods.vogn import VOGN  # noqa: E402
-from flatbnn.methods.rsam import RandomSAMMethod  # noqa: E402
-from flatbnn.methods.sgvb import SGVB  # noqa: E402
-from flatbnn.methods.vsam import VariationalSAM  # noqa: E402
-from flatbnn.methods import MAP, SGLD, SWAG, MCDropout, RunContext  # noqa: E402
 from flatbnn.models import create_model, list_models  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
-FLATNESS = {
-    "none": lambda: NoFlatness(),
-    "sam": lambda: SAM(rho=0.05),
-    "asam": lambda: ASAM(rho=0.5, eta=0.01),
-    "fsam": lambda: FisherSAM(rho=0.1, eta=1.0),
-    "random": lambda: RandomSAM(rho=0.05),
-    "sam_m8": lambda: SAM(rho=0.05, m=8),
-    "geometry": lambda: Geometry(rho=0.05),
-}
-METHODS = {
-    "map": lambda: MAP(),
-    "map_adam": lambda: MAP(),  # SAM-Adam's base (bSAM paper baseline): map+sam_m8 with Adam
-    "swag": lambda: SWAG(mode="swag", swa_start=0, collect_unit="step", collect_every=1),
-    "swag_diag": lambda: SWAG(mode="swag_diag", swa_start=0, collect_unit="step", collect_every=1),
-    "sgld": lambda: SGLD(burn_in=10**9),
-    "mc_dropout": lambda: MCDropout(),
-    "sgvb": lambda: SGVB(),
-    "sgvb_lrt": lambda: SGVB(estimator="lrt"),
-    "hwa": lambda: HWA(),
-    # worst case of Alg. 2 with Eq. 5: an average + restart every step, low-rank part in every training sample
-    "hwa_lowrank": lambda: HWA(covariance="lowrank", start=0.0, cycle_length=1),
-    "rsam": lambda: RandomSAMMethod(),
-    "vsam": lambda: VariationalSAM(),
-    "bsam": lambda: BSAM(),
-    "vogn": lambda: VOGN(),
-}
-DEFAULT = ("map+none,map+sam,map+asam,map+fsam,map+random,map+sam_m8,swag+none,swag+sam,swag+fsam,"
-           "swag_diag+none,sgld+none,sgld+sam,mc_dropout+none,sgvb+none,sgvb_lrt+none,sgvb+sam,sgvb+geometry,"
-           "hwa+none,hwa_lowrank+none,rsam+none,vsam+none,bsam+none,vogn+none,map_adam+none,map_adam+sam_m8")
+# row labels -> what each side builds (configs/method, configs/flatness and the measurement variants)
+METHODS = variants.methods()
+FLATNESS = variants.flatness()
+DEFAULT = ",".join(variants.default_pairs())
 
 
 # (name, numerator row, denominator row, issue 17's target on one H100 in bf16 -- a GPU target, not a CPU one)
@@ -159,18 +133,19 @@ def build(method_name: str, flat_name: str, args, device, graph: bool = False):
                        f"flatness {sorted(FLATNESS)}")
     torch.manual_seed(0)  # the same initial weights and data for every row (and the reference loops)
     shape = _input_shape(args.model)
-    kw = {"dropout": 0.05} if method_name == "mc_dropout" else {}
-    method = METHODS[method_name]()
-    module, model = _prepare(method.prepare_model(create(args, **kw)), args, device)
-    momentum = 0.0 if method_name == "sgld" else 0.9  # textbook SGLD has no momentum
+    spec = METHODS[method_name]
+    method = variants.build("method", spec)
+    module, model = _prepare(method.prepare_model(create(args, **spec.model)), args, device)
     ctx = RunContext(model=model, module=module, device=device, n_train=50_000,
                      steps_per_epoch=args.steps, epochs=1,
-                     optimizer_factory=(lambda p: torch.optim.Adam(p, lr=1e-3)) if method_name == "map_adam"
-                     else (lambda p: torch.optim.SGD(p, lr=0.01, momentum=momentum)),
+                     optimizer_factory=(lambda p: torch.optim.Adam(p, lr=1e-3)) if spec.optimizer == "adam"
+                     else (lambda p: torch.optim.SGD(p, lr=0.01, momentum=spec.momentum)),
                      scheduler_factory=None, generator=torch.Generator(device=device).manual_seed(0),
-                     channels_last=args.channels_last)
+                     channels_last=args.channels_last,
+                     # a deep ensemble's next member (its step is one member's: it is never reached here)
+                     model_factory=lambda seed=None, init=None: method.prepare_model(create(args, **spec.model)))
     method.setup(ctx)
-    flat = FLATNESS[flat_name]()
+    flat = variants.build("flatness", FLATNESS[flat_name])
     flat.setup(ctx, method)
     bp = Backprop(module, device, precision=args.precision)
     x, y = _data(args, shape, device)

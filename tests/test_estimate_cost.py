@@ -32,6 +32,12 @@ def test_run_cost_passes_members_samples():
     assert sam.passes == 2 and sam.train_flops == 2 * base.train_flops and sam.eval_flops == base.eval_flops
     # a preset that composes SAM (F-SWAG) is two-pass too, found from the composed config, not the override name
     assert ec.run_cost(_compose(TINY + ["method=f_swag"])).passes == 2
+    # the classes declare it: every SAM subclass, and the methods with an ascent of their own
+    passes = {o: ec.run_cost(_compose(TINY + [o])).passes
+              for o in ("flatness=asam", "flatness=fsam", "flatness=random", "method=bsam", "method=vsam",
+                        "method=vogn", "method=rsam", "method=swag")}
+    assert passes == {"flatness=asam": 2, "flatness=fsam": 2, "flatness=random": 1, "method=bsam": 2,
+                      "method=vsam": 2, "method=vogn": 1, "method=rsam": 1, "method=swag": 1}
     ens = ec.run_cost(_compose(TINY + ["method=deep_ens", "method.num_members=3", "flatness=none"]))
     assert ens.train_flops == 3 * base.train_flops and ens.eval_flops == 3 * base.eval_flops  # each member predicts
     sub = ec.run_cost(_compose(TINY + ["method=map", "flatness=none", "dataset.train_subset=100",
@@ -52,9 +58,12 @@ def test_row_counts_runs_and_two_pass_share(monkeypatch):
     assert (cost.runs, cost.two_pass_runs) == (runs, two_pass) and 0 < two_pass < runs
     # every cell of the row trains one network per dataset for the same epochs, so doubling the two-pass cells'
     # training is (1 + share) x the one-pass count (the evaluation is never doubled)
-    from flatbnn.reproduce import cost as per_run  # the formula's home (estimate_cost re-exports its names)
-    monkeypatch.setattr(per_run, "TWO_PASS_FLATNESS", set())
-    monkeypatch.setattr(per_run, "TWO_PASS_METHODS", set())
+    # the passes each class declares (SAM's subclasses inherit them)
+    from flatbnn.flatness.sam import SAM
+    from flatbnn.methods.bsam import BSAM
+    from flatbnn.methods.vsam import VariationalSAM
+    for cls in (SAM, BSAM, VariationalSAM):
+        monkeypatch.setattr(cls, "passes", 1)
     one_pass = ec.row_cost("bsam_t6")
     assert one_pass.two_pass_runs == 0
     by_net = {}

@@ -85,10 +85,60 @@ def test_one_declaration_drives_all_three(monkeypatch):
 
 
 def test_a_new_method_prediction_key_declared_once_becomes_evaluable(monkeypatch):
+    from flatbnn.methods import SWAG
+
     assert three("method.new_samples", 8) == (True, True, False)    # undeclared: a method key shapes the weights
-    monkeypatch.setitem(keyroles.KEY_ROLES, "method.new_samples", keyroles.PREDICT)
+    monkeypatch.setattr(SWAG, "predict_keys", SWAG.predict_keys + ("new_samples",))  # declared by its class
     # evaluable; still its own experiment, and a resume does not change it unasked
     assert three("method.new_samples", 8) == (True, True, True)
+
+
+# ------------------------------------------------------------------------------ method keys: the class's roles
+
+class DiagLaplace:
+    """A new method as a contributor writes it (issue 45): its re-evaluable prior precision takes the natural name,
+    ``method.prior_precision`` -- a TRAINING key of bSAM and VOGN (delta = prior_precision / N in their updates)."""
+    predict_keys = ("num_samples", "prior_precision")
+
+    def __init__(self, prior_precision: float = 1.0, num_samples: int = 32):
+        pass
+
+
+def test_every_prediction_key_is_an_argument_of_its_class():
+    """A misspelt ``predict_keys`` entry would leave the real key a training key."""
+    for cls in keyroles.shipped_method_classes():
+        assert set(cls.predict_keys) <= keyroles.constructor_keys(cls), cls
+
+
+def test_no_two_methods_give_one_key_different_roles():
+    """Issue 45: the roles are declared per method class; a key path one method predicts with and another trains
+    with fails here (the shipped classes), and a new class that makes one is named with the classes it collides
+    with."""
+    shipped = keyroles.shipped_method_classes()
+    assert len(shipped) >= 11 and not keyroles.role_collisions(shipped), keyroles.role_collisions(shipped)
+    assert keyroles.role_collisions(shipped + (DiagLaplace,)) == [
+        "method.prior_precision: a prediction key of DiagLaplace but a training key of BSAM, VOGN"]
+
+
+def test_evaluate_reads_the_roles_of_the_runs_own_method(monkeypatch):
+    """With the collision in the shipped classes, a bSAM run still refuses ``method.prior_precision`` (it trained
+    with it) while the new method's run takes it; and the no-method answer keeps the disputed key a training key."""
+    shipped = keyroles.shipped_method_classes()
+    monkeypatch.setattr(keyroles, "shipped_method_classes", lambda: (*shipped, DiagLaplace))
+    bsam = OmegaConf.create({"method": {"_target_": "flatbnn.methods.bsam.BSAM", "prior_precision": 40.0,
+                                        "num_samples": 32}})
+    with pytest.raises(evaluate.EvalError, match=r"method.prior_precision: refusing a change \(train key of BSAM"):
+        evaluate.apply_overrides(bsam, ["method.prior_precision=1000"])
+    assert evaluate.apply_overrides(bsam, ["method.num_samples=8"]) == ["method.num_samples=8"]
+    laplace = OmegaConf.create({"method": {"_target_": f"{__name__}.DiagLaplace", "prior_precision": 1.0}})
+    assert evaluate.apply_overrides(laplace, ["method.prior_precision=1000"]) == ["method.prior_precision=1000"]
+    assert keyroles.role_of("method.prior_precision") is keyroles.TRAIN
+    assert keyroles.role_of("method.prior_precision", f"{__name__}.DiagLaplace") is keyroles.PREDICT
+    assert "method.prior_precision" not in evaluate.eval_keys()
+    gone = OmegaConf.create({"method": {"_target_": "flatbnn.methods.gone.Gone", "num_samples": 3}})
+    with pytest.raises(evaluate.EvalError, match="the run's method class cannot be imported") as e:
+        evaluate.apply_overrides(gone, ["method.num_samples=5"])  # its roles cannot be read: one line, exit 2
+    assert "\n" not in str(e.value)
 
 
 def test_seed_and_labels_keep_a_run_but_never_split_its_row():
@@ -144,14 +194,27 @@ def test_every_declared_key_exists_in_the_configs(config_keys):
 
 
 def test_the_derived_key_lists_say_what_the_roles_say(config_keys):
-    """run_dir.RESUME_EXEMPT, aggregate.IGNORED_KEYS and evaluate.EVAL_KEYS (kept for their importers) cover a key
-    exactly when its role says so."""
+    """run_dir.RESUME_EXEMPT, aggregate.IGNORED_KEYS and evaluate.eval_keys() cover a key exactly when its role
+    says so."""
     def covered(key, names):
         return any(key == n or key.startswith(n + ".") for n in names)
 
-    for key in config_keys | set(keyroles.KEY_ROLES):
+    for key in config_keys | set(keyroles.KEY_ROLES) | set(keyroles.method_predict_keys()):
         role = keyroles.role_of(key)
         assert covered(key, RESUME_EXEMPT) == role.resume_may_change, key
         assert covered(key, IGNORED_KEYS) == (not role.splits_rows), key
-        assert covered(key, evaluate.EVAL_KEYS) == role.evaluable, key
+        assert covered(key, evaluate.eval_keys()) == role.evaluable, key
     assert config_key(_with("trainer.eval_batch_size", 7)) == config_key(CFG)
+
+
+def test_the_resume_check_and_the_rows_ask_no_method_class():
+    """PREDICT and TRAIN agree on resuming and on rows, so a method key's answer there imports no method class (the
+    aggregation runs without torch); evaluate.py's question imports them."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from flatbnn import keyroles as k; "
+            "a = (k.splits_rows('method.scale'), k.resume_may_change('method.scale')); "
+            "print(a, 'torch' in sys.modules, k.evaluable('method.scale'), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["(True,", "False)", "False", "True", "True"], out.stdout + out.stderr

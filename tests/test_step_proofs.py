@@ -1,8 +1,9 @@
 """Issue 33, CPU-side proofs that a training step can be captured in a CUDA graph (flatbnn/engine/graphed.py):
 
 * host reads: no ``aten._local_scalar_dense`` (what ``.item()``, ``float(t)``, ``bool(t)``, ``if t:`` dispatch to)
-  in 3 steps of every method x {flatness none, sam, sam m=8 (own-perturbation methods: method.m=8)} x
-  {fp32, bf16 autocast}. A host read is a device sync per step, and inside a capture it is an error;
+  in 3 steps of every method x {flatness none, sam, sam m=8 (own-perturbation methods: method.m=8)} and of every
+  flatness variant (with map, or a method that gives it the scaling it needs) x {fp32, bf16 autocast}. A host read
+  is a device sync per step, and inside a capture it is an error;
 * rebinding: after a warm-up step, no tensor the step writes (weights, BatchNorm buffers, optimiser state, the
   method's and the flatness' own tensors) is replaced by a new one -- a graph would keep writing the old one.
   Gradients are exempt (set_to_none makes them new each step; inside a graph they come from its pool)."""
@@ -15,16 +16,33 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from flatbnn.bench.variants import flatness_partner
+from flatbnn.keyroles import constructor_keys, method_class
+from flatbnn.resources import own_targets
 from helpers import compose_cfg
 
-# every method config with a _target_ of its own, with the overrides a 3-step CPU run needs
-METHODS = {
-    "map": [], "swag": ["method.swa_start=0"], "sgld": [], "mc_dropout": ["model.dropout=0.2"],
-    "deep_ens": ["method.num_members=2"], "hwa": [], "sgvb": [], "bsam": ["method.num_samples=1"],
-    "vogn": ["method.num_samples=1"], "vsam": [], "rsam": [],
-}
-OWN_PERTURBATION = {"bsam", "vogn", "vsam", "rsam"}
-M8 = {"bsam", "vogn"}  # own perturbation with an m of their own
+# every method and flatness config with a _target_ of its own (a new one is proven without being named here) ...
+METHODS = {name: method_class(target) for name, target in own_targets("method").items()}
+FLATNESS = {name: method_class(target) for name, target in own_targets("flatness").items()}
+# ... and what a 3-step CPU run of some of them needs: SWAG collecting from the first step, a network with dropout
+EXTRA = {"swag": ["method.swa_start=0"], "mc_dropout": ["model.dropout=0.2"], "deep_ens": ["method.num_members=2"],
+         "bsam": ["method.num_samples=1"], "vogn": ["method.num_samples=1"]}
+# what the classes declare: a method with its own perturbation takes no flatness, some of them an m of their own
+OWN_PERTURBATION = {name for name, cls in METHODS.items() if cls.own_perturbation}
+M8 = {name for name in OWN_PERTURBATION if "m" in constructor_keys(METHODS[name])}
+
+
+def pairs() -> list[tuple[str, str]]:
+    """(method, flatness) of every method config x {none, sam, sam m=8} and of every flatness config."""
+    out = []
+    for method in METHODS:
+        for flat in ("none", "sam", "m8"):
+            if method in OWN_PERTURBATION and (flat == "sam" or flat == "m8" and method not in M8):
+                continue
+            out.append((method, flat))
+    # with map, or the method that gives the variant the per-weight scaling it needs (the benchmark's partner)
+    out += [(flatness_partner(cls, METHODS), f) for f, cls in FLATNESS.items() if f not in ("none", "sam")]
+    return out
 
 
 class HostReads(TorchDispatchMode):
@@ -44,13 +62,13 @@ class HostReads(TorchDispatchMode):
 def _built(method: str, flatness: str, precision: str, tmp_path: Path, extra=()):
     from flatbnn.engine.build import build
 
-    over = [*extra, "dataset=digits", "model=mlp", "model.hidden=[16]", f"method={method}", *METHODS[method],
+    over = [*extra, "dataset=digits", "model=mlp", "model.hidden=[16]", f"method={method}", *EXTRA.get(method, []),
             "trainer.device=cpu", f"trainer.precision={precision}", "trainer.batch_size=16", "trainer.epochs=1",
             "dataset.train_subset=64", "dataset.test_subset=32"]
     if flatness == "m8":
         over += ["method.m=8"] if method in M8 else ["flatness=sam", "flatness.m=8"]
-    elif flatness == "sam":
-        over += ["flatness=sam"]
+    elif flatness != "none":
+        over += [f"flatness={flatness}"]
     b = build(compose_cfg(over), run_dir=tmp_path)
     b.method.train()
     return b
@@ -61,14 +79,16 @@ def _batch(b):
 
 
 def _cases():
-    for method in METHODS:
-        for flat in ("none", "sam", "m8"):
-            if method in OWN_PERTURBATION and flat == "sam":
-                continue
-            if flat == "m8" and method in OWN_PERTURBATION and method not in M8:
-                continue
-            for precision in ("fp32", "bf16"):
-                yield pytest.param(method, flat, precision, id=f"{method}-{flat}-{precision}")
+    for method, flat in pairs():
+        for precision in ("fp32", "bf16"):
+            yield pytest.param(method, flat, precision, id=f"{method}-{flat}-{precision}")
+
+
+def _rebinding_cases() -> list[tuple[str, str]]:
+    """Each method once -- with SAM where it takes a flatness, with its own m = 8 where it has one -- SAM's m = 8 with
+    map, and every other flatness variant."""
+    once = [(m, "m8" if m in M8 else "none" if m in OWN_PERTURBATION else "sam") for m in METHODS]
+    return once + [("map", "m8")] + [p for p in pairs() if p[1] not in ("none", "sam", "m8")]
 
 
 @pytest.mark.parametrize("method,flat,precision", list(_cases()))
@@ -115,10 +135,7 @@ def _written_tensors(b) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("method,flat", [("map", "sam"), ("map", "m8"), ("sgvb", "sam"), ("bsam", "m8"),
-                                         ("vsam", "none"), ("rsam", "none"), ("vogn", "none"), ("sgld", "none"),
-                                         ("swag", "sam"), ("mc_dropout", "sam"), ("hwa", "none"),
-                                         ("deep_ens", "none")])
+@pytest.mark.parametrize("method,flat", _rebinding_cases(), ids=lambda v: v)
 def test_no_tensor_the_step_writes_is_rebound(method, flat, tmp_path):
     b = _built(method, flat, "fp32", tmp_path)
     batch = _batch(b)

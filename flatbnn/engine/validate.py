@@ -37,7 +37,7 @@ RANGES: dict[str, tuple] = {
     "optimizer.momentum": (float, check(ge=0.0, lt=1.0)),
     "flatness.rho": (float, check(ge=0.0)),
     "flatness.m": (int, check(ge=1)),
-    "method.num_samples": (int | None, check(ge=1)),     # 0 only where the method predicts with its mean
+    "method.num_samples": (int | None, check(ge=1)),     # lower bound: the method class's min_num_samples
     "method.num_members": (int, check(ge=1)),
 }
 
@@ -56,15 +56,15 @@ def _select(cfg: DictConfig, key: str):
         raise ConfigError(f"{key}: {' '.join(str(e).split())[:160]}") from None
 
 
-def _method_allows_zero_samples(cfg: DictConfig) -> bool:
-    """Diagonal-Gaussian methods (bsam, vogn) predict with the mean for ``num_samples=0``."""
+def _min_num_samples(cfg: DictConfig) -> int:
+    """The fewest predictive samples the run's method class declares (``Method.min_num_samples``: 0 where it
+    predicts with its mean, as bsam and vogn); 1 when the class cannot be found (its own error comes at build)."""
     try:
         from hydra.utils import get_class
 
-        from flatbnn.methods.diag_gaussian import DiagonalGaussianMethod
-        return issubclass(get_class(cfg.method._target_), DiagonalGaussianMethod)
+        return int(getattr(get_class(cfg.method._target_), "min_num_samples", 1))
     except Exception:
-        return False
+        return 1
 
 
 def check_values(cfg: DictConfig) -> None:
@@ -75,8 +75,8 @@ def check_values(cfg: DictConfig) -> None:
         present, value = _select(cfg, key)
         if not present:
             continue
-        if key == "method.num_samples" and value == 0 and _method_allows_zero_samples(cfg):
-            continue
+        if key == "method.num_samples":  # the method class says how few it takes
+            limits = {**limits, "ge": _min_num_samples(cfg)}
         why = problem(value, kind, limits)
         if why:
             raise ConfigError(f"{key}={value!r}: {why}")

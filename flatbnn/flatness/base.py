@@ -58,7 +58,7 @@ class Flatness:
     """Base class of the flatness variants (``none.py``, ``sam.py``, ``asam.py``, ...)."""
 
     name = "base"
-    #: forward/backward passes per step (the benchmark reports cost relative to 1)
+    #: forward/backward passes per step: the cost estimates read it (flatbnn/reproduce/cost.py)
     passes = 1
     #: True if the variant needs a per-parameter scaling from the method (geometry)
     needs_scaling = False

@@ -49,6 +49,20 @@ class Method:
     #: True for methods that perturb the weights themselves (bSAM, VOGN, VSAM, RandomSAM): composing them
     #: with a flatness variant would either ignore it or perturb twice, so any flatness but ``none`` is refused
     own_perturbation = False
+    #: forward/backward passes per training step (bSAM, VSAM: their ascent and their descent), as a flatness
+    #: variant's ``passes``; the cost estimates read it (flatbnn/reproduce/cost.py)
+    passes = 1
+    #: the fewest predictive samples ``method.num_samples`` may ask for (0 where the method then predicts with its
+    #: mean); engine/validate.py reads it
+    min_num_samples = 1
+    #: the ``method.<key>`` constructor arguments that change only the predictive, never the trained weights:
+    #: ``evaluate.py`` may override them on a finished run of this method (flatbnn/keyroles.py). A subclass adds
+    #: its own (``predict_keys = Method.predict_keys + ("scale",)``); every other key of the method is a training key
+    predict_keys: tuple[str, ...] = ("num_samples",)
+    #: True where each posterior sample is a setting of the weights (``predict({}, k)`` sets them in turn: what
+    #: sharpness and loss landscapes of samples need, scripts/analyze.py); False where the predictive draws its
+    #: noise inside the forward pass (SGVB's local reparameterisation / flipout, MC dropout's masks)
+    samples_weights = True
     #: False for methods whose step keeps host-side state (counters, sample collection, member swaps): with
     #: ``trainer.cuda_graph=true`` their steps run eagerly (flatbnn/engine/graphed.py), with a one-line reason
     capturable = True

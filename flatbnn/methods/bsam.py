@@ -54,6 +54,7 @@ BN_POLICIES = ("both", "first", "second", "none")
 
 class BSAM(DiagonalGaussianMethod):
     name = "bsam"
+    passes = 2  # per part: the gradient at the noisy point, then the one at the ascent point
 
     def __init__(self, lr: float = 0.5, beta1: float = 0.9, beta2: float = 0.999, rho: float = 0.01,
                  m: int = 8, prior_precision: float = 40.0, n_data_factor: float = 1.0, damping: float = 0.1,

@@ -19,6 +19,7 @@ from flatbnn.methods.base import Method
 class DeepEnsemble(Method):
     name = "deep_ens"
     capturable = False  # swaps members (new weights and optimiser) between steps
+    predict_keys = ()  # it predicts with each member once: every key of it shapes what is trained
 
     def __init__(self, num_members: int = 5):
         if num_members < 1:

@@ -33,6 +33,8 @@ def batch_size(batch) -> int:
 class DiagonalGaussianMethod(Method):
     name = "diag_gaussian"
     own_perturbation = True
+    min_num_samples = 0  # num_samples=0 predicts with the mean
+    predict_keys = Method.predict_keys + ("eval_seed",)
 
     def __init__(self, num_samples: int = 32, n_data_factor: float = 1.0, eval_seed: int = 1):
         if int(num_samples) < 0:

@@ -69,6 +69,7 @@ def softplus_inverse(sigma: torch.Tensor) -> torch.Tensor:
 
 class HWA(SGVB):
     name = "hwa"
+    predict_keys = SGVB.predict_keys + ("bn_refresh",)  # the BN refresh per predictive sample
     capturable = False  # collects deviations and draws its low-rank sample on the host inside its step
 
     def __init__(self, cycle_length: int | None = None, start: float = 0.5, variance: str = "mixture",

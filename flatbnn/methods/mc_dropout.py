@@ -18,6 +18,8 @@ DROPOUT_TYPES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaD
 
 class MCDropout(Method):
     name = "mc_dropout"
+    samples_weights = False  # a sample is a dropout mask drawn in the forward pass
+    predict_keys = Method.predict_keys + ("eval_seed",)  # the seed of the predictive's dropout masks
 
     def __init__(self, num_samples: int = 30, eval_seed: int = 1):
         super().__init__(num_samples=num_samples)

@@ -30,6 +30,7 @@ from flatbnn.methods.base import Method
 class RandomSAMMethod(Method):
     name = "rsam"
     own_perturbation = True
+    predict_keys = Method.predict_keys + ("eval_seed",)
 
     def __init__(self, rho: float = 0.05, sigma: float | None = None, prior_coef: float = 0.02,
                  num_samples: int = 1, eval_seed: int = 1, noise_scale: str | None = None):

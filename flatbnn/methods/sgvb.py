@@ -49,6 +49,8 @@ def batch_key(batch):
 
 class SGVB(Method):
     name = "sgvb"
+    samples_weights = False  # the predictive's noise is drawn inside the layers' forward (LRT / flipout / reparam)
+    predict_keys = Method.predict_keys + ("eval_seed",)  # the seed of the predictive's weight samples
 
     def __init__(self, estimator: str = "reparam", prior_variance: float = 1.0, kl_weight: float = 1.0,
                  num_samples: int = 30, train_samples: int = 1, sigma_init: float = 1e-3,

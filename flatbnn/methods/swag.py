@@ -33,6 +33,8 @@ MODES = {"swa": 0.0, "swag": 0.5, "swag_diag": 1.0}
 
 class SWAG(Method):
     name = "swag"
+    # the sample's width, the BN refresh per sample and the samples' seed shape only the predictive
+    predict_keys = Method.predict_keys + ("scale", "bn_refresh", "bn_refresh_fraction", "eval_seed")
     capturable = False  # counts steps and collects moments on the host inside its step (collect_unit=step)
 
     def __init__(self, mode: str = "swag", swa_start: float = 0.5, collect_every: int = 1,

@@ -47,6 +47,8 @@ from flatbnn.methods.param_vector import copy_flat_, flatten, unflatten
 class VariationalSAM(Method):
     name = "vsam"
     own_perturbation = True
+    passes = 2  # the ascent to mu + eps and the step there (the Sigma step reuses its gradient)
+    predict_keys = Method.predict_keys + ("eval_seed",)
 
     def __init__(self, rho: float = 1000.0, init_radius: float = 0.05, init_count: float = 1e6,
                  m_lr: float = 0.01, m_weight_decay: float | None = None, prior_std: float = math.sqrt(2) / 5,

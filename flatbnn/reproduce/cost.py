@@ -46,9 +46,6 @@ SPLIT_SIZES = {
     "flowers102": (2_040, 6_149),             # train_split=trainval (trnid + valid); `train` halves it
     "digits": (1_437, 360),
 }
-# flatness configs (by _target_ class) and methods that take two forward/backward passes per step
-TWO_PASS_FLATNESS = {"SAM", "ASAM", "FisherSAM", "Geometry"}
-TWO_PASS_METHODS = {"BSAM", "VariationalSAM"}
 
 
 class CostError(ValueError):
@@ -78,6 +75,16 @@ def _network_flops(model_json: str, shape: tuple[int, ...]) -> int:
 
 def _target_class(group_cfg) -> str:
     return str((group_cfg or {}).get("_target_", "")).rsplit(".", 1)[-1]
+
+
+def passes_per_step(cfg) -> int:
+    """Forward/backward passes of one training step of a composed config: what its flatness and method classes
+    declare (``passes``: SAM and its subclasses 2, bSAM and VSAM 2, the rest 1). A method that perturbs the weights
+    itself runs with flatness none, so the two never multiply; the larger is the step's."""
+    from hydra.utils import get_class
+
+    return max(int(getattr(get_class(str(node._target_)), "passes", 1))
+               for node in (cfg.get("flatness"), cfg.method) if node is not None and node.get("_target_"))
 
 
 @dataclass
@@ -131,11 +138,9 @@ def run_cost(cfg) -> RunCost:
     model_json = json.dumps(OmegaConf.to_container(cfg.model, resolve=True), sort_keys=True)
     n_train, n_test = split_sizes(ds)
     method = cfg.method
-    two_pass = (_target_class(cfg.get("flatness")) in TWO_PASS_FLATNESS
-                or _target_class(method) in TWO_PASS_METHODS)
     return RunCost(network=str(cfg.model.get("name", _target_class(cfg.model))), dataset=str(ds.name),
                    forward_flops=_network_flops(model_json, shape), train_images=n_train,
-                   test_images=n_test, epochs=int(cfg.trainer.epochs), passes=2 if two_pass else 1,
+                   test_images=n_test, epochs=int(cfg.trainer.epochs), passes=passes_per_step(cfg),
                    members=int(method.get("num_members") or 1),
                    # a deep ensemble predicts with each member once (its num_samples is its num_members)
                    samples=max(1, int(method.get("num_samples") or method.get("num_members") or 1)))
@@ -189,25 +194,11 @@ class Rate:
 
 
 def _bench_pairs() -> dict[str, tuple[str, str, int]]:
-    """scripts/benchmark.py's labels -> (method class, flatness class, m): the objects that script builds."""
-    import importlib.util
-    import sys
+    """scripts/benchmark.py's row labels -> (method class, flatness class, m): what each row builds
+    (flatbnn/bench/variants.py, read from configs/)."""
+    from flatbnn.bench import variants
 
-    path = REPO / "scripts" / "benchmark.py"
-    if not path.is_file():  # an installed package ships no scripts/: no benchmark matches, estimates are assumed
-        return {}
-    spec = importlib.util.spec_from_file_location("_flatbnn_benchmark", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("_flatbnn_benchmark", mod)
-    spec.loader.exec_module(mod)
-    out = {}
-    for mname, make_method in mod.METHODS.items():
-        method = make_method()
-        for fname, make_flat in mod.FLATNESS.items():
-            flat = make_flat()
-            m = getattr(flat, "m", None) or getattr(method, "m", None) or 1
-            out[f"{mname}+{fname}"] = (type(method).__name__, type(flat).__name__, int(m))
-    return out
+    return variants.pair_classes()
 
 
 def measured_rates(bench_dir: Path | None = None, records_root: Path | None = None) -> dict[tuple, list[Rate]]:

@@ -124,9 +124,15 @@ def load_runs(paths, device, labels=None) -> list[Run]:
 
 
 def _weight_sampling(method) -> bool:
-    from flatbnn.methods.mc_dropout import MCDropout
-    from flatbnn.methods.sgvb import SGVB
-    return not isinstance(method, (SGVB, MCDropout))
+    return bool(getattr(method, "samples_weights", True))  # declared by the method class (flatbnn/methods/base.py)
+
+
+def _weight_sampling_options() -> str:
+    """The shipped method configs whose class samples weights."""
+    from hydra.utils import get_class
+
+    from flatbnn.resources import own_targets
+    return ", ".join(n for n, t in own_targets("method").items() if get_class(t).samples_weights)
 
 
 def sampled_models(run: Run, k: int):
@@ -135,8 +141,8 @@ def sampled_models(run: Run, k: int):
     m = run.method
     if not _weight_sampling(m):
         raise SystemExit(f"analyze: {run.path}: method={m.name} samples stochastic forward passes, not weights; "
-                         "sharpness/landscape need weight samples (supported: map, swa, swag, swag_diag, sgld, "
-                         "deep_ens, bsam, vogn, vsam, rsam)")
+                         f"sharpness/landscape need weight samples (methods that sample them: "
+                         f"{_weight_sampling_options()})")
     gen = m.predict({}, k)  # no loaders: each step only sets (and BN-refreshes) the sampled weights
     try:
         for i, _ in enumerate(gen):

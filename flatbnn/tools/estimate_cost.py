@@ -10,8 +10,9 @@ Per train row (rows/<row>.yaml at paper scale; blocked cells, eval rows and scri
     run FLOPs = 3 x F x N_train x epochs x passes x members  +  F x N_test x samples
 
 F = the network's forward FLOPs for one image at the data set's input size (torch.utils.flop_counter on a batch of
-one; multiply-adds count 2); 3 x F = forward + backward; passes = 2 for the SAM family (flatness sam / asam / fsam /
-geometry, and the presets that compose them: f_*, sam_adam) and for methods bsam / vsam, else 1; members = the deep
+one; multiply-adds count 2); 3 x F = forward + backward; passes = what the cell's flatness and method classes declare
+(their ``passes`` attribute: 2 for the SAM family -- sam / asam / fsam / geometry, also through presets such as
+f_*, sam_adam -- and for methods bsam / vsam, else 1); members = the deep
 ensemble's method.num_members (trained one after the other in one run); samples = the predictive samples of the
 final evaluation (method.num_samples; an ensemble's members; at least 1). N_train / N_test come from dataset.train_subset / test_subset where the config sets them, else the
 standard sizes in SPLIT_SIZES below. Every run of a cell (one per seed) costs the same.
@@ -34,8 +35,8 @@ from pathlib import Path
 from flatbnn import resources
 from flatbnn.cli import EXIT_CONFIG
 # the per-run formula lives with the measured rates (the dry runs and the campaign use both); names kept here
-from flatbnn.reproduce.cost import (SPLIT_SIZES, TWO_PASS_FLATNESS, TWO_PASS_METHODS, CostError,  # noqa: E402,F401
-                                    RunCost, estimate, forward_flops, run_cost)
+from flatbnn.reproduce.cost import (SPLIT_SIZES, CostError, RunCost, estimate, forward_flops,  # noqa: E402,F401
+                                    run_cost)
 
 DOCS = resources.project_root() / "docs" / "cluster.md"  # --write-docs: a checkout's
 START, END = "<!-- cost-table:start -->", "<!-- cost-table:end -->"

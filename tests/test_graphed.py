@@ -362,3 +362,37 @@ def test_an_eager_adam_checkpoint_gets_capturable_step_tensors():
     cpu.state[p]["step"] = torch.tensor(7.0, dtype=torch.float64)
     graphed.capturable_steps(cpu)
     assert cpu.state[p]["step"].dtype == torch.float32 and float(cpu.state[p]["step"]) == 7.0
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
+def test_rho_schedule_lr_reads_no_device_lr_per_step(monkeypatch):
+    """Issue 41: under trainer.cuda_graph the lr is a device tensor; the trainer asks ``lr_ratio()`` before every step
+    (flatness.rho_schedule=lr), which must not read it back (a host sync per step) and must give the eager ratios."""
+    from flatbnn.optim.schedulers import cosine
+
+    def ratios(device_lr: bool):
+        torch.manual_seed(0)
+        module = nn.Linear(3, 2)
+        ctx = RunContext(model=module, module=module, device=CPU, n_train=64, steps_per_epoch=4, epochs=3,
+                         optimizer_factory=lambda p: torch.optim.SGD(p, lr=0.1),
+                         scheduler_factory=lambda o, total_steps, steps_per_epoch: cosine(
+                             o, total_steps, steps_per_epoch, warmup_epochs=1),
+                         generator=torch.Generator().manual_seed(4))
+        method = MAP()
+        method.setup(ctx)
+        if device_lr:  # what GraphedStep._device_lr does on a GPU
+            group = method.optimizer.param_groups[0]
+            group["lr"] = torch.tensor(float(group["lr"]))
+        reads = []
+        out = []
+        for _ in range(12):
+            with monkeypatch.context() as m:
+                m.setattr(torch.Tensor, "__float__", lambda t: reads.append(t) or 0.0)
+                m.setattr(torch.Tensor, "item", lambda t: reads.append(t) or 0.0)
+                out.append(method.lr_ratio())
+            method.scheduler.step()
+        return out, reads
+
+    eager, _ = ratios(False)
+    graph, reads = ratios(True)
+    assert reads == [] and graph == eager and len(set(eager)) > 5

@@ -93,7 +93,7 @@ class _FakeDDP:
     ("fp16", "fp16 (GradScaler.step reads found-inf on the host; use bf16)"),
     ("ddp", "DDP (the all-reduce hooks are not captured yet)"),
     ("swag", "method=swag keeps host-side state in its step"),
-    ("bsam", "BSAMOptimizer reads its lr as a host float (no device lr)"),
+    ("rmsprop", "RMSprop reads its lr as a host float (no device lr)"),
     ("dropout", "the second pass's dropout-mask replay (torch.cuda.get_rng_state) is not graph-safe yet"),
 ])
 def test_eager_fallbacks_say_why_in_one_line(case, reason):
@@ -101,9 +101,9 @@ def test_eager_fallbacks_say_why_in_one_line(case, reason):
     precision = "fp16" if case == "fp16" else "fp32"
     if case == "swag":
         method = SWAG(swa_start=0)
-    if case == "bsam":
-        method, flat = BSAM(m=2, num_samples=1), NoFlatness()
     module, bp = _setup(method, flat, precision=precision)
+    if case == "rmsprop":
+        method.optimizer = torch.optim.RMSprop(module.parameters(), lr=0.01)
     if case == "ddp":
         bp.ddp = _FakeDDP()
     if case == "dropout":
@@ -396,3 +396,49 @@ def test_rho_schedule_lr_reads_no_device_lr_per_step(monkeypatch):
     eager, _ = ratios(False)
     graph, reads = ratios(True)
     assert reads == [] and graph == eager and len(set(eager)) > 5
+
+
+# ---------------------------------------------------------------- issue 41: bSAM and VOGN with a device lr
+def _bayes(name: str, device_lr: bool, graph: bool, steps: int = 5):
+    """``steps`` steps of bSAM / VOGN (m = 2) under a cosine schedule; ``device_lr``: the lr as a tensor, as
+    GraphedStep._device_lr makes it on a GPU (here on the CPU, filled in place by the scheduler)."""
+    from flatbnn.methods.vogn import VOGN
+    from flatbnn.optim.schedulers import cosine
+
+    torch.manual_seed(0)
+    method = BSAM(m=2, num_samples=1) if name == "bsam" else VOGN(m=2, num_samples=1)
+    module = method.prepare_model(nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)))
+    ctx = RunContext(model=module, module=module, device=CPU, n_train=64, steps_per_epoch=steps, epochs=1,
+                     optimizer_factory=None, generator=torch.Generator().manual_seed(4),
+                     scheduler_factory=lambda o, total_steps, steps_per_epoch: cosine(o, total_steps, steps_per_epoch))
+    flat = NoFlatness()
+    method.setup(ctx)
+    flat.setup(ctx, method)
+    method.train()
+    bp = Backprop(module, CPU)
+    if device_lr:
+        for group in method.optimizer.param_groups:
+            group["lr"] = torch.tensor(float(group["lr"]))
+    step = graphed.GraphedStep(method, flat, bp, capture=DirectCalls(), log=lambda s: None) if graph \
+        else method.train_step
+    batch = _batches()[0]
+    assert not graph or step.fallback_reason(batch) is None  # captured, not refused
+    for _ in range(steps):
+        step(batch, flat, bp)
+    opt = method.optimizer
+    return [p.detach().clone() for p in module.parameters()] + [
+        opt.state[p][k].clone() for p in opt.params() for k in ("momentum", "precision")]
+
+
+@pytest.mark.parametrize("name", ["bsam", "vogn"])
+def test_bayes_device_lr_step_stays_within_1e6_of_eager(name):
+    """Issue 41: bSAM / VOGN are captured with a device lr; over 5 steps (and 5 lr values) its weights, momenta and
+    precisions stay within 1e-6 relative of the eager host-lr run (whose bits tests/test_capturable_step.py pins)."""
+    eager = _bayes(name, device_lr=False, graph=False)
+    tensor_lr = _bayes(name, device_lr=True, graph=True)
+    start = _bayes(name, device_lr=False, graph=False, steps=0)
+    moved = min(float((a - b).abs().max() / a.abs().max()) for a, b in zip(eager, start))  # every tensor moved
+    err = max(float((a - b).abs().max() / a.abs().max()) for a, b in zip(eager, tensor_lr))
+    assert moved > 1e-4 and err <= 1e-6, (moved, err)
+    direct = _bayes(name, device_lr=True, graph=False)
+    assert all(torch.equal(a, b) for a, b in zip(direct, tensor_lr))  # the graph protocol adds nothing

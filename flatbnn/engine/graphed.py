@@ -20,7 +20,8 @@ Eager fallback, with a one-line reason printed once per reason: a capture that r
 the backend undoes its stream and memory-pool state, the step's tensors go back to the snapshot), a batch of
 another shape (the short last batch), DDP, fp16 (GradScaler.step reads found-inf on the host), a method whose
 step keeps host-side state (``Method.capturable = False``), an optimiser without device lr (torch.optim.SGD / Adam
-/ AdamW are switched to ``fused`` with a device lr; other optimisers are not), and steps that replay the dropout
+/ AdamW are switched to ``fused`` with a device lr, bSAM's and VOGN's take one as they are (``device_lr``); other
+optimisers are not), and steps that replay the dropout
 RNG (SAM's ``same_noise`` with active dropout: torch.cuda.get_rng_state cannot run inside a capture).
 
 Only the capture itself needs a GPU: ``capture=`` takes any backend with ``capture(fn) -> replay``; the tests run
@@ -200,7 +201,7 @@ class GraphedStep:
         if not getattr(m, "capturable", True):
             return f"method={m.name} keeps host-side state in its step"
         if any(not isinstance(g["lr"], torch.Tensor) for g in m.optimizer.param_groups) and \
-                not isinstance(m.optimizer, FUSED_OPTIMIZERS):
+                not isinstance(m.optimizer, FUSED_OPTIMIZERS) and not getattr(m.optimizer, "device_lr", False):
             return f"{type(m.optimizer).__name__} reads its lr as a host float (no device lr)"
         replays = getattr(self.flatness, "passes", 1) > 1 or getattr(m, "own_perturbation", False)
         if replays and any(isinstance(x, nn.modules.dropout._DropoutNd) and x.p > 0 for x in m.module.modules()):
@@ -327,14 +328,18 @@ class GraphedStep:
             torch.cuda.set_rng_state(state["cuda"], self.backprop.device)
 
     def _device_lr(self) -> None:
-        """torch.optim.SGD / Adam / AdamW: lr as a device tensor and the fused kernels, which read it on the device
-        (the scheduler then fills it in place); on the CPU test backend nothing changes."""
+        """lr as a device tensor (the scheduler then fills it in place): torch.optim.SGD / Adam / AdamW with the
+        fused kernels, which read it on the device; optimisers that declare ``device_lr`` (bSAM, VOGN) as they are.
+        On the CPU test backend nothing changes."""
         opt, device = self.method.optimizer, self.backprop.device
-        if device.type != "cuda" or not isinstance(opt, FUSED_OPTIMIZERS):
+        fused = isinstance(opt, FUSED_OPTIMIZERS)
+        if device.type != "cuda" or not (fused or getattr(opt, "device_lr", False)):
             return
         for group in opt.param_groups:
             if not torch.is_tensor(group["lr"]):
                 group["lr"] = torch.tensor(float(group["lr"]), device=device)
+            if not fused:
+                continue
             group["fused"], group["foreach"] = True, False
             if "capturable" in group:
                 group["capturable"] = True

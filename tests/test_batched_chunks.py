@@ -59,7 +59,6 @@ def test_rho_zero_batched_is_the_plain_gradient():
     ("batchnorm", "BatchNorm needs batched running statistics"),
     ("asam", "plain SAM"),
     ("sgvb", "plain loss"),
-    ("odd batch", "divisible by flatness.m=3"),
 ])
 def test_what_the_batched_path_cannot_reproduce_is_refused_in_one_line(case, match):
     module, flat, method = _frn(), SAM(rho=0.05, m=4, batched_chunks=True), None
@@ -70,8 +69,6 @@ def test_what_the_batched_path_cannot_reproduce_is_refused_in_one_line(case, mat
     elif case == "sgvb":
         method, module = SGVB(num_samples=1), nn.Sequential(nn.Flatten(), nn.Linear(36, 3))
         module = module.double()
-    elif case == "odd batch":
-        flat = SAM(rho=0.05, m=3, batched_chunks=True)
     with pytest.raises(ValueError, match=match) as e:
         _steps(flat, module, steps=1, method=method)
     assert "\n" not in str(e.value)
@@ -111,3 +108,47 @@ def test_compiled_frn_forward_uses_maximum_without_graph_breaks():
     compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")(params, x)
     for k in eager:
         torch.testing.assert_close(eager[k], compiled[k], rtol=1e-6, atol=1e-7)
+
+
+def test_a_short_last_batch_takes_the_loop_with_the_loops_step():
+    """Issue 41: the epoch's short last batch (29 images at m = 4 on digits) ran through the whole epoch and then
+    stopped the run; it now runs through the loop, so its step is the loop's to the bit."""
+    g = torch.Generator().manual_seed(5)
+    short = (torch.randn(7, 1, 6, 6, generator=g, dtype=torch.float64), torch.randint(0, 3, (7,), generator=g))
+    w_loop, l_loop, m_loop = _steps(SAM(rho=0.05, m=4), _frn(), batch=short)
+    w_flag, l_flag, m_flag = _steps(SAM(rho=0.05, m=4, batched_chunks=True), _frn(), batch=short)
+    assert all(torch.equal(a, b) for a, b in zip(w_loop, w_flag)) and torch.equal(l_loop, l_flag)
+    assert m_loop.pop_train_accuracy() == m_flag.pop_train_accuracy()
+    start = [p.detach() for p in _frn().parameters()]
+    assert any(not torch.equal(a, b) for a, b in zip(w_flag, start))
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["trainer.batch_size=30"], r"^flatness.batched_chunks=true needs the per-process batch size \(30\) divisible "
+                                r"by flatness.m=4 \(only an epoch's short last batch runs through the loop\)$"),
+    (["trainer.precision=fp16"], "not fp16"),
+    (["trainer.compile=true"], "trainer.compile"),
+    (["flatness=asam"], "plain SAM"),
+    (["method=sgvb"], "plain loss"),
+    ([], None),
+])
+def test_what_the_config_rules_out_is_refused_before_any_data_load(overrides, match, monkeypatch):
+    """validate_config (run.py calls it before build loads anything) refuses a batch size that m does not divide,
+    fp16, compile and non-plain SAM / loss -- an epoch no longer trains before the run stops."""
+    from flatbnn.engine.validate import ConfigError, validate_config
+    from helpers import compose_cfg
+
+    flat = [o for o in overrides if o.startswith("flatness=")] or ["flatness=sam"]
+    rest = [o for o in overrides if not o.startswith("flatness=")]
+    cfg = compose_cfg(["dataset=digits", "model=mlp", "trainer.device=cpu", "trainer.batch_size=64", *flat,
+                       "flatness.m=4", "flatness.batched_chunks=true", *rest])
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    if match is None:
+        validate_config(cfg)
+        cfg.flatness.batched_chunks = False  # the flag off: nothing to refuse
+        cfg.trainer.batch_size = 30
+        validate_config(cfg)
+        return
+    with pytest.raises(ValueError, match=match) as e:
+        validate_config(cfg)
+    assert isinstance(e.value, ConfigError) and "\n" not in str(e.value)

@@ -1,5 +1,6 @@
-"""trainer.compile on torch < 2.12 turns Inductor's mix-order-reduction fusion off (issue 33 item 3: the
-``AssertionError: 32 v.s. 6400`` of torch 2.11 on an H200 and a reported wrong-gradient case), and the compile cache
+"""trainer.compile turns Inductor's mix-order-reduction fusion off on every torch not verified on a GPU (issue 33
+item 3: the ``AssertionError: 32 v.s. 6400`` of torch 2.11 on an H200 and a reported wrong-gradient case; issue 41:
+torch 2.12-2.14 too), and the compile cache
 is kept per torch version and device between runs (``trainer.compile_cache``)."""
 
 from __future__ import annotations
@@ -21,14 +22,20 @@ def restore_flag():
         inductor.triton.mix_order_reduction = saved
 
 
-@pytest.mark.parametrize("version,off", [("2.10.0", True), ("2.11.0+cu130", True), ("2.12.0", False),
-                                         ("2.14.1+cu130", False), ("3.0.0", False)])
-def test_mix_order_reduction_is_off_before_torch_2_12(version, off, restore_flag):
+@pytest.mark.parametrize("version", ["2.10.0", "2.11.0+cu130", "2.12.0", "2.13.1", "2.14.1+cu130", "3.0.0"])
+def test_mix_order_reduction_is_off_on_every_unverified_torch(version, restore_flag, monkeypatch):
+    """Issue 41: off on every torch (2.12-2.14 included) unless that version is listed as verified on a GPU."""
     if not hasattr(inductor.triton, "mix_order_reduction"):
         pytest.skip("this torch has no mix_order_reduction flag")
     inductor.triton.mix_order_reduction = True
-    assert compiling.inductor_workarounds(version) == ({"inductor.triton.mix_order_reduction": False} if off else {})
-    assert inductor.triton.mix_order_reduction is (not off)
+    assert compiling.inductor_workarounds(version) == {"inductor.triton.mix_order_reduction": False}
+    assert inductor.triton.mix_order_reduction is False
+    # a version with the GPU evidence keeps Inductor's default; the others stay off
+    monkeypatch.setattr(compiling, "MIX_ORDER_REDUCTION_VERIFIED", frozenset({compiling.torch_version(version)}))
+    inductor.triton.mix_order_reduction = True
+    assert compiling.inductor_workarounds(version) == {}
+    assert inductor.triton.mix_order_reduction is True
+    assert compiling.inductor_workarounds("9.9.0") == {"inductor.triton.mix_order_reduction": False}
 
 
 def test_compile_model_applies_the_workaround_and_loads_the_cache(tmp_path, monkeypatch, restore_flag):

@@ -2,8 +2,10 @@
 cache kept between runs (``trainer.compile_cache``).
 
 torch 2.10-2.11: Inductor's mix-order-reduction fusion fails (``AssertionError: 32 v.s. 6400``, ResNet-20-FRN under
-bf16 on an H200, docs/cluster.md) and is reported to give silently wrong gradients with bf16 conv biases; the fixes
-landed after the 2.11 branch. Turning the fusion off (``TORCHINDUCTOR_MIX_ORDER_REDUCTION=0``) avoids both."""
+bf16 on an H200, docs/cluster.md) and is reported to give silently wrong gradients with bf16 conv biases. Fixes
+landed after the 2.11 branch, but no run of ours has shown compiled gradients equal to eager on any later torch
+either, so the fusion stays off (``TORCHINDUCTOR_MIX_ORDER_REDUCTION=0``) on every torch version except those in
+:data:`MIX_ORDER_REDUCTION_VERIFIED` (issue 41)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ from pathlib import Path
 
 import torch
 
-#: the first torch release with the mix-order-reduction fixes (issue 33)
-MIX_ORDER_REDUCTION_FIXED = (2, 12)
+#: torch (major, minor) versions on which a GPU run showed compiled gradients equal to eager with the fusion on
+#: (add one only with that evidence, e.g. scripts/gpu_probe.py's compiled section run with the flag left on)
+MIX_ORDER_REDUCTION_VERIFIED: frozenset[tuple[int, int]] = frozenset()
 
 
 def torch_version(version: str | None = None) -> tuple[int, int]:
@@ -25,7 +28,7 @@ def inductor_workarounds(version: str | None = None) -> dict[str, object]:
     """Set the Inductor flags this torch needs before compiling; return what was set (for results.json)."""
     import torch._inductor.config as inductor
 
-    if torch_version(version) < MIX_ORDER_REDUCTION_FIXED and hasattr(inductor.triton, "mix_order_reduction"):
+    if torch_version(version) not in MIX_ORDER_REDUCTION_VERIFIED and hasattr(inductor.triton, "mix_order_reduction"):
         inductor.triton.mix_order_reduction = False
         return {"inductor.triton.mix_order_reduction": False}
     return {}

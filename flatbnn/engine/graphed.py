@@ -9,16 +9,20 @@ example counter, posterior collection, stop checks and checkpoints.
 
 Capture protocol (``GraphedStep._capture``): snapshot every tensor the step writes (and the RNG states and the
 method's host counters); warm up on a side stream (lazy state -- optimiser moments, the SAM weight copy, the
-BatchNorm snapshot -- is allocated there, outside the graph's pool); restore the snapshot IN PLACE (optimiser and
-method state made by the warm-up is zeroed: the "state exists" path of SGD momentum / Adam then gives the fresh step's values); register
-the noise generator with the graph; capture one step; replay. A resume loads the checkpoint in place, but the
-graph is recaptured anyway (``invalidate``) since the loaded optimiser may have created new state tensors.
+BatchNorm snapshot -- is allocated there, outside the graph's pool), and capture on that same stream; restore the
+snapshot IN PLACE (optimiser and method state made by the warm-up is zeroed: the "state exists" path of SGD
+momentum / Adam then gives the fresh step's values); register the noise generator with the graph; capture one
+step; replay. A resume loads the checkpoint in place, but the graph is recaptured anyway (``invalidate``) since
+the loaded optimiser may have created new state tensors (an eager Adam checkpoint's CPU step counts are moved to
+the device for capturable Adam: ``capturable_steps``).
 
-Eager fallback, with a one-line reason printed once per reason: a batch of another shape (the short last batch),
-DDP, fp16 (GradScaler.step reads found-inf on the host), a method whose step keeps host-side state
-(``Method.capturable = False``), an optimiser without device lr (torch.optim.SGD / Adam / AdamW are switched to
-``fused`` with a device lr; other optimisers are not), and steps that replay the dropout RNG (SAM's
-``same_noise`` with active dropout: torch.cuda.get_rng_state cannot run inside a capture).
+Eager fallback, with a one-line reason printed once per reason: a capture that raised (for the rest of the run:
+the backend undoes its stream and memory-pool state, the step's tensors go back to the snapshot), a batch of
+another shape (the short last batch), DDP, fp16 (GradScaler.step reads found-inf on the host), a method whose
+step keeps host-side state (``Method.capturable = False``), an optimiser without device lr (torch.optim.SGD / Adam
+/ AdamW are switched to ``fused`` with a device lr, bSAM's and VOGN's take one as they are (``device_lr``); other
+optimisers are not), and steps that replay the dropout
+RNG (SAM's ``same_noise`` with active dropout: torch.cuda.get_rng_state cannot run inside a capture).
 
 Only the capture itself needs a GPU: ``capture=`` takes any backend with ``capture(fn) -> replay``; the tests run
 the whole protocol on the CPU with a backend that calls ``fn`` on every replay (tests/test_graphed.py).
@@ -74,13 +78,24 @@ def _host_counters(obj) -> dict:
 
 
 class CudaGraphCapture:
-    """The real backend: warm-up on a side stream, then ``torch.cuda.graph`` capture; ``replay()`` per step."""
+    """The real backend: warm-up, then ``torch.cuda.graph`` capture, both on ONE side stream (``stream``: the
+    capture then sees the warm-up's allocations in the same stream's pool); ``replay()`` per step. A capture that
+    raises is undone here before the error goes on (``_abandon``): caller's stream current again, the stream out of
+    capture mode, the allocator no longer routing into the graph's pool, the graph reset and its memory freed."""
 
     def __init__(self, device: torch.device, generators: list[torch.Generator]):
         self.device, self.generators = device, generators
+        self._stream = None
+        self.graph = None
+
+    @property
+    def stream(self):
+        if self._stream is None:  # made on first use: constructing a CUDA stream needs CUDA
+            self._stream = torch.cuda.Stream(self.device)
+        return self._stream
 
     def warm_up(self, fn: Callable[[], object], steps: int = 3) -> None:
-        side = torch.cuda.Stream(self.device)
+        side = self.stream
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(steps):
@@ -88,13 +103,44 @@ class CudaGraphCapture:
         torch.cuda.current_stream(self.device).wait_stream(side)
 
     def capture(self, fn: Callable[[], object]):
+        self.release()
+        caller = torch.cuda.current_stream(self.device)
         graph = torch.cuda.CUDAGraph()
-        for g in self.generators:  # the default CUDA generator is registered by torch itself
-            graph.register_generator_state(g)
-        # thread_local: the loader's pin-memory thread may call CUDA while this thread captures
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            out = fn()
+        try:
+            for g in self.generators:  # the default CUDA generator is registered by torch itself
+                graph.register_generator_state(g)
+            # thread_local: the loader's pin-memory thread may call CUDA while this thread captures
+            with torch.cuda.graph(graph, stream=self.stream, capture_error_mode="thread_local"):
+                out = fn()
+        except BaseException:
+            self._abandon(graph, caller)
+            raise
+        self.graph = graph
         return graph.replay, out
+
+    def release(self) -> None:
+        """Drop the graph (a recapture, a fallback): its private memory pool goes back to the allocator."""
+        if self.graph is not None:
+            self.graph.reset()
+            self.graph = None
+
+    def _abandon(self, graph, caller) -> None:
+        """Undo what a failed capture left (``torch.cuda.graph.__exit__`` skips restoring the stream when
+        ``capture_end`` raises). Each step is tried on its own: the first error is the one already on its way."""
+        def attempt(fn, *args):
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 -- best effort after the failure being reported
+                pass
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        torch.cuda.set_stream(self.stream)
+        if torch.cuda.is_current_stream_capturing():  # the error came before capture_end: end the capture here
+            attempt(graph.capture_end)
+        attempt(lambda: torch._C._cuda_endAllocateToPool(index, graph.pool()))
+        torch.cuda.set_stream(caller)
+        attempt(graph.reset)
+        attempt(torch.cuda.synchronize, self.device)
+        torch.cuda.empty_cache()
 
 
 class EagerReplay:
@@ -139,12 +185,15 @@ class GraphedStep:
         self.generators = gens
         self.backend = capture if capture is not None else CudaGraphCapture(backprop.device, [
             g for g in gens if g.device.type == "cuda"])
+        self.capture_failed: str | None = None  # set once a capture raised: every later step is eager
         self.invalidate()
 
     # ---------------------------------------------------------------- decisions
     def fallback_reason(self, batch) -> str | None:
         """Why this step runs eagerly (one line), or None to replay the graph."""
         m, bp = self.method, self.backprop
+        if self.capture_failed is not None:
+            return self.capture_failed
         if bp.ddp is not None:
             return "DDP (the all-reduce hooks are not captured yet)"
         if bp.scaler is not None:
@@ -152,7 +201,7 @@ class GraphedStep:
         if not getattr(m, "capturable", True):
             return f"method={m.name} keeps host-side state in its step"
         if any(not isinstance(g["lr"], torch.Tensor) for g in m.optimizer.param_groups) and \
-                not isinstance(m.optimizer, FUSED_OPTIMIZERS):
+                not isinstance(m.optimizer, FUSED_OPTIMIZERS) and not getattr(m.optimizer, "device_lr", False):
             return f"{type(m.optimizer).__name__} reads its lr as a host float (no device lr)"
         replays = getattr(self.flatness, "passes", 1) > 1 or getattr(m, "own_perturbation", False)
         if replays and any(isinstance(x, nn.modules.dropout._DropoutNd) and x.p > 0 for x in m.module.modules()):
@@ -173,6 +222,9 @@ class GraphedStep:
         self.static_batch = None
         self.static_out = None
         self.seen_per_step = 0
+        release = getattr(self.backend, "release", None)
+        if release is not None:
+            release()
 
     # ---------------------------------------------------------------- the step
     def __call__(self, batch, flatness=None, backprop=None) -> dict:
@@ -182,8 +234,8 @@ class GraphedStep:
                 self._told.add(reason)
                 self.log(f"trainer.cuda_graph: eager step: {reason}")
             return self.method.train_step(batch, self.flatness, self.backprop)
-        if self.replay is None:
-            self._capture(batch)
+        if self.replay is None and not self._capture(batch):
+            return self(batch)  # the capture failed: said once, and this step runs eagerly
         with torch.no_grad():
             torch._foreach_copy_(list(self.static_batch), list(batch))
         self.replay()
@@ -204,7 +256,8 @@ class GraphedStep:
         finally:
             m.scheduler = scheduler
 
-    def _capture(self, batch) -> None:
+    def _capture(self, batch) -> bool:
+        """Capture the step for ``batch``'s shapes; False when the capture raised (``capture_failed`` says why)."""
         m = self.method
         self._device_lr()
         self.static_batch = tuple(t.detach().clone() for t in batch)
@@ -218,7 +271,11 @@ class GraphedStep:
             warm(self._core, self.warm_up_steps)
         self._restore(before, rng, counters)
         seen = m._seen
-        self.replay, self.static_out = self.backend.capture(self._core)
+        try:
+            self.replay, self.static_out = self.backend.capture(self._core)
+        except Exception as e:  # noqa: BLE001 -- any capture error: the run goes on eagerly, never on a half graph
+            self._capture_failure(e, before, rng, counters)
+            return False
         self.seen_per_step = m._seen - seen
         # the capture did not step (CUDA records the kernels without running them) but its Python did count; a
         # backend that does run the step (the CPU tests) also moved the tensors: either way back to the snapshot,
@@ -227,6 +284,18 @@ class GraphedStep:
             self._restore(before, rng, counters)
         else:
             self._restore_counters(counters)
+        return True
+
+    def _capture_failure(self, error: BaseException, before: dict, rng: dict, counters) -> None:
+        """A capture raised (the backend has already undone its stream / pool state): forget the graph, drop the
+        gradients the capture may have allocated in its pool, put every written tensor, RNG and counter back to
+        the snapshot, and run eagerly from now on."""
+        first = " ".join(str(error).split())[:200] or type(error).__name__
+        self.capture_failed = f"the CUDA-graph capture failed ({type(error).__name__}: {first}); eager from here on"
+        self.invalidate()
+        for p in self.method.module.parameters():
+            p.grad = None
+        self._restore(before, rng, counters)
 
     def _restore(self, before: dict, rng: dict, counters) -> None:
         with torch.no_grad():
@@ -259,14 +328,33 @@ class GraphedStep:
             torch.cuda.set_rng_state(state["cuda"], self.backprop.device)
 
     def _device_lr(self) -> None:
-        """torch.optim.SGD / Adam / AdamW: lr as a device tensor and the fused kernels, which read it on the device
-        (the scheduler then fills it in place); on the CPU test backend nothing changes."""
+        """lr as a device tensor (the scheduler then fills it in place): torch.optim.SGD / Adam / AdamW with the
+        fused kernels, which read it on the device; optimisers that declare ``device_lr`` (bSAM, VOGN) as they are.
+        On the CPU test backend nothing changes."""
         opt, device = self.method.optimizer, self.backprop.device
-        if device.type != "cuda" or not isinstance(opt, FUSED_OPTIMIZERS):
+        fused = isinstance(opt, FUSED_OPTIMIZERS)
+        if device.type != "cuda" or not (fused or getattr(opt, "device_lr", False)):
             return
         for group in opt.param_groups:
             if not torch.is_tensor(group["lr"]):
                 group["lr"] = torch.tensor(float(group["lr"]), device=device)
+            if not fused:
+                continue
             group["fused"], group["foreach"] = True, False
             if "capturable" in group:
                 group["capturable"] = True
+        capturable_steps(opt)
+
+
+def capturable_steps(opt: torch.optim.Optimizer) -> None:
+    """Adam / AdamW with ``capturable`` or ``fused`` want ``state['step']`` as a float32 tensor on the parameter's
+    device; an eager run keeps it as a CPU scalar, and loading an eager checkpoint keeps it there too (torch moves
+    it only when the LOADED param group says capturable / fused). Moved here, after the flags are set, before the
+    snapshot and the capture (issue 41: an eager Adam checkpoint resumed under trainer.cuda_graph=true)."""
+    for group in opt.param_groups:
+        if not (group.get("capturable") or group.get("fused")):
+            continue
+        for p in group["params"]:
+            step = opt.state.get(p, {}).get("step")
+            if torch.is_tensor(step) and (step.device != p.device or step.dtype != torch.float32):
+                opt.state[p]["step"] = step.to(device=p.device, dtype=torch.float32)

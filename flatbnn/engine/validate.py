@@ -133,6 +133,36 @@ def check_device(cfg: DictConfig) -> None:
         raise ConfigError(f"trainer.device={spec}: MPS is not available here; use trainer.device=auto or cpu")
 
 
+def check_batched_chunks(cfg: DictConfig) -> None:
+    """``flatness.batched_chunks=true``: what the config alone rules out (flatness/batched.py's ``config_refusal``),
+    before any data is loaded -- not after an epoch (issue 41). A class that does not import is reported where
+    it is built."""
+    if not OmegaConf.select(cfg, "flatness.batched_chunks", default=False):
+        return
+    m = int(OmegaConf.select(cfg, "flatness.m", default=1) or 1)
+    if m <= 1:
+        return
+    from hydra.utils import get_class
+
+    from flatbnn.flatness.batched import config_refusal
+    from flatbnn.flatness.sam import SAM
+    from flatbnn.methods.base import Method
+    try:
+        flatness, method = get_class(cfg.flatness._target_), get_class(cfg.method._target_)
+    except Exception:
+        return
+    processes = max(int(os.environ.get("WORLD_SIZE", "1")), 1)
+    why = config_refusal(
+        flatness_name=getattr(flatness, "name", flatness.__name__),
+        plain_sam=issubclass(flatness, SAM) and flatness.direction is SAM.direction,
+        method_name=getattr(method, "name", method.__name__),
+        plain_loss=issubclass(method, Method) and method.loss_fn is Method.loss_fn,  # as Method.has_plain_loss
+        m=m, batch_size=int(cfg.trainer.batch_size) // processes, precision=str(cfg.trainer.precision),
+        compiled=bool(cfg.trainer.compile), processes=processes)
+    if why is not None:
+        raise ConfigError(why)
+
+
 def check_writable(run_dir: Path) -> None:
     """The run dir and its ``checkpoints/`` (where it exists already; otherwise it is created in the run
     dir) take a file -- before training, not when the first checkpoint is due. Creates nothing that stays
@@ -162,12 +192,13 @@ def validate_config(cfg: DictConfig, run_dir: Path | None = None, *, rank: int |
     check_values(cfg)
     check_model_data(cfg)
     check_device(cfg)
+    check_batched_chunks(cfg)
     if run_dir is not None and rank == 0:
         check_writable(run_dir)
 
 
-__all__ = ["ConfigError", "RANGES", "check_device", "check_model_data", "check_values", "check_writable",
-           "validate_config"]
+__all__ = ["ConfigError", "RANGES", "check_batched_chunks", "check_device", "check_model_data", "check_values",
+           "check_writable", "validate_config"]
 
 
 def check_group_files(choices: dict, sources) -> None:

@@ -11,7 +11,10 @@ are exchangeable without extra state, each refusal one line:
 * plain SAM (D = I) on a method with the plain loss (``Method.loss_fn``: MAP, SWAG, SGLD, ...);
 * no BatchNorm (batched running statistics are not implemented) and no active dropout (the loop replays each
   chunk's masks in its second pass; vmap would draw new ones);
-* the batch divisible by m, fp32 / bf16 (fp16's loss scaling is not threaded through), no DDP.
+* the per-process batch size divisible by m, fp32 / bf16 (fp16's loss scaling is not threaded through), no DDP.
+What the config alone decides is refused before anything is built (``config_refusal``, from engine/validate.py);
+the rest at the first step. A short last batch that m does not divide runs through the loop (``SAM.gradient``): the loop's
+step exactly, instead of a refusal after a whole epoch (issue 41).
 The train accuracy is counted on chunk 0's first pass, as the loop does."""
 
 from __future__ import annotations
@@ -33,26 +36,44 @@ class _LossOf(nn.Module):
         return self.loss_fn(batch)
 
 
+def config_refusal(*, flatness_name: str, plain_sam: bool, method_name: str, plain_loss: bool, m: int,
+                   batch_size: int | None, precision: str, compiled: bool, processes: int) -> str | None:
+    """What a config alone says the batched path cannot do (one line), or None: checked before any data is
+    loaded, so a run does not train an epoch before it stops (``batch_size``: per process; None: not checked).
+    ``refusal`` asks the same of the built objects at the first step."""
+    if not plain_sam:
+        return f"flatness.batched_chunks=true supports plain SAM (D = I) only, not flatness={flatness_name}"
+    if not plain_loss:
+        return (f"flatness.batched_chunks=true needs a method with the plain loss (map, swag, sgld, ...), not "
+                f"method={method_name}")
+    if compiled or processes > 1:
+        return "flatness.batched_chunks=true does not combine with trainer.compile or DDP-wrapped models"
+    if precision == "fp16":
+        return "flatness.batched_chunks=true supports fp32 / bf16 on one process (not fp16, not DDP)"
+    if batch_size is not None and batch_size % m:
+        return (f"flatness.batched_chunks=true needs the per-process batch size ({batch_size}) divisible by "
+                f"flatness.m={m} (only an epoch's short last batch runs through the loop)")
+    return None
+
+
 def refusal(flatness, loss_fn, batch, backprop, scaling, perturb, *, plain_sam: bool, plain_loss: bool) -> str | None:
     """Why the batched path cannot give the loop's step here (one line), or None. ``plain_sam``: the flatness
     has SAM's own direction; ``plain_loss``: ``loss_fn`` is a method's inherited ``Method.loss_fn`` -- both
     decided by the caller (sam.py), so this module imports neither SAM (a cycle) nor the methods (a layer up)."""
     owner = getattr(loss_fn, "__self__", None)
     module = backprop.module
-    if not plain_sam or scaling is not None:
-        return f"flatness.batched_chunks=true supports plain SAM (D = I) only, not flatness={flatness.name}"
-    if not plain_loss:
-        return (f"flatness.batched_chunks=true needs a method with the plain loss (map, swag, sgld, ...), not "
-                f"method={getattr(owner, 'name', owner)}")
-    if owner.model is not module:
-        return "flatness.batched_chunks=true does not combine with trainer.compile or DDP-wrapped models"
+    why = config_refusal(flatness_name=flatness.name, plain_sam=plain_sam and scaling is None,
+                         method_name=getattr(owner, "name", owner), plain_loss=plain_loss, m=flatness.m,
+                         batch_size=None, precision="fp16" if backprop.scaler is not None else "fp32",
+                         compiled=plain_loss and owner.model is not module,
+                         processes=1 if backprop.ddp is None else 2)
+    if why is not None:
+        return why
     if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()):
         return ("flatness.batched_chunks=true: BatchNorm needs batched running statistics (not implemented); "
                 "use an FRN / norm-free model or flatness.batched_chunks=false")
     if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 and m.training for m in module.modules()):
         return "flatness.batched_chunks=true cannot replay per-chunk dropout masks; use flatness.batched_chunks=false"
-    if backprop.scaler is not None or backprop.ddp is not None:
-        return "flatness.batched_chunks=true supports fp32 / bf16 on one process (not fp16, not DDP)"
     if perturb is not None and not all(perturb):
         return "flatness.batched_chunks=true perturbs every parameter (no perturb mask)"
     n = batch[0].shape[0]

@@ -136,7 +136,8 @@ class SAM(Flatness):
     # ------------------------------------------------------------------ the two passes
     def gradient(self, params, loss_fn, batch, backprop, scaling=None, perturb=None) -> torch.Tensor:
         self._chunk_index = 0  # chunk_gradient counts the m-sharpness chunks of this step (bn_chunks)
-        if self.batched_chunks and self.m > 1:
+        if self.batched_chunks and self.m > 1 and batch[0].shape[0] % self.m == 0:
+            # (a short last batch that m does not divide takes the loop below: its exact step)
             from flatbnn.flatness.batched import batched_sam_gradient
             owner = getattr(loss_fn, "__self__", None)  # the method whose loss this is (Method.has_plain_loss)
             return batched_sam_gradient(self, params, loss_fn, batch, backprop, scaling, perturb,

@@ -175,9 +175,22 @@ class Method:
         return float(self.optimizer.param_groups[0]["lr"])
 
     def lr_ratio(self) -> float:
-        """Current lr / the schedule's initial lr (drives ``flatness.rho_schedule=lr``)."""
+        """Current lr / the schedule's initial lr (drives ``flatness.rho_schedule=lr``; asked before every step)."""
         group = self.optimizer.param_groups[0]
-        return float(group["lr"]) / float(group.get("initial_lr", group["lr"]) or 1.0)
+        lr = self._host_lr(group["lr"])
+        return lr / float(group.get("initial_lr", lr) or 1.0)
+
+    def _host_lr(self, lr) -> float:
+        """``lr`` as a host float without a device read where the host value is known: under trainer.cuda_graph
+        the lr is a device tensor the scheduler fills from host values (issue 41: ``float()`` of it was a sync per
+        step), and a ``LambdaLR`` (every schedule in flatbnn/optim/schedulers.py) gives that value again, the same
+        ``base_lr * factor(step)`` it filled in."""
+        if not torch.is_tensor(lr):
+            return float(lr)
+        s = self.scheduler
+        if isinstance(s, torch.optim.lr_scheduler.LambdaLR) and not torch.is_tensor(s.base_lrs[0]):
+            return s.base_lrs[0] * s.lr_lambdas[0](s.last_epoch)
+        return float(lr)  # another scheduler or none: a device read
 
     # ---------------------------------------------------------------- prediction
     @torch.no_grad()

@@ -67,6 +67,6 @@ class BSAMOptimizer(PrecisionOptimizer):
 
     # ---------------------------------------------------------------- the update (after the momentum)
     def _update(self, params, ms, ss, hs, group, delta) -> None:
-        torch._foreach_addcdiv_(params, ms, ss, -group["lr"])  # old s
+        self._descend(params, ms, ss, group["lr"])  # old s
         torch._foreach_mul_(ss, group["betas"][1])
         torch._foreach_add_(ss, torch._foreach_add(hs, group["damping"] + delta), alpha=1.0 - group["betas"][1])

@@ -10,6 +10,10 @@ from torch.optim import Optimizer
 class PrecisionOptimizer(Optimizer):
     """Subclasses give the precision/weight update (``_update``) and their two step error messages."""
 
+    #: ``lr`` may be a device tensor (trainer.cuda_graph sets one; the scheduler fills it in place): the step then
+    #: reads it on the device, never as a host float baked into a captured graph (``_descend``)
+    device_lr = True
+
     #: one-line ``ValueError`` messages of ``step`` (no closure: the method runs the passes itself)
     closure_error = "step takes no closure"
     curvature_error = "step needs curvature=[one tensor per parameter]"
@@ -74,6 +78,18 @@ class PrecisionOptimizer(Optimizer):
     def _update(self, params, ms, ss, hs, group, delta) -> None:
         """One group's weight and precision update, on lists (foreach ops)."""
         raise NotImplementedError
+
+    @staticmethod
+    def _descend(params, num, den, lr) -> None:
+        """w <- w - lr * num / den. A host lr: one addcdiv (the eager bits, pinned by tests/test_capturable_step.py);
+        a device lr (trainer.cuda_graph): divide, scale by the tensor, subtract -- ``_foreach_addcdiv_`` takes a
+        tensor value only as per-tensor scalars read on the host (issue 41)."""
+        if not torch.is_tensor(lr):
+            torch._foreach_addcdiv_(params, num, den, -lr)
+            return
+        step = torch._foreach_div(num, den)
+        torch._foreach_mul_(step, lr)
+        torch._foreach_sub_(params, step)
 
     def precisions(self) -> list[torch.Tensor]:
         return [self.state[p]["precision"] for p in self.params()]

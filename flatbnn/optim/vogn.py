@@ -50,4 +50,4 @@ class VOGNOptimizer(PrecisionOptimizer):
         """``p.grad`` = g_hat (mean per-example gradient); ``hs`` = h_hat (mean of g_i^2)."""
         torch._foreach_mul_(ss, group["betas"][1])
         torch._foreach_add_(ss, list(hs), alpha=1.0 - group["betas"][1])
-        torch._foreach_addcdiv_(params, ms, torch._foreach_add(ss, delta + group["damping"]), -group["lr"])  # new s
+        self._descend(params, ms, torch._foreach_add(ss, delta + group["damping"]), group["lr"])  # new s

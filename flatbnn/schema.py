@@ -148,6 +148,7 @@ class TrainerConfig(Checked):
     resume_overrides: Any = MISSING
     init_from: Any = MISSING
     init_key: Any = MISSING
+    weights_required: str | None = MISSING  # a config key; checked by engine/validate.check_weights
     checkpoint_every: int = field(default=MISSING, metadata={"check": check(ge=0)})
     eval_every: int = field(default=MISSING, metadata={"check": check(ge=0)})
     limit_train_batches: int | None = field(default=MISSING, metadata={"check": check(ge=1)})

@@ -180,6 +180,8 @@ class EvalConfig(Checked):
     auroc: str = field(default="exact", metadata={"check": check(choices=("exact", "thresholds"))})
     auroc_thresholds: int = field(default=2500, metadata={"check": check(ge=1)})  # the bSAM code's 2,500
     single_sample_metrics: bool = True  # multi-sample methods: also the mean single-sample metrics
+    # null: NLL = the exact mean | B: the bSAM code's (test set in batches of B, sum of batch means / (batches - 1))
+    nll_batches: int | None = field(default=None, metadata={"check": check(ge=1)})
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -98,6 +98,7 @@ KEY_ROLES: dict[str, Role] = {
     "trainer.resume_overrides": ORIGIN,      # a resumed run whose values changed is not a fresh run's seed
     "trainer.init_from": ORIGIN,             # weights to start from (a resumed run ignores it)
     "trainer.init_key": ORIGIN,
+    "trainer.weights_required": RUNTIME,     # a check that the weights are given, not what they are
     # ---- dataset: every key
     "dataset._target_": TRAIN,
     "dataset.name": TRAIN,

@@ -148,6 +148,7 @@ class TrainerConfig(Checked):
     resume_overrides: Any = MISSING
     init_from: Any = MISSING
     init_key: Any = MISSING
+    weights_required: str | None = MISSING  # a config key; checked by engine/validate.check_weights
     checkpoint_every: int = field(default=MISSING, metadata={"check": check(ge=0)})
     eval_every: int = field(default=MISSING, metadata={"check": check(ge=0)})
     limit_train_batches: int | None = field(default=MISSING, metadata={"check": check(ge=1)})
@@ -179,6 +180,8 @@ class EvalConfig(Checked):
     auroc: str = field(default="exact", metadata={"check": check(choices=("exact", "thresholds"))})
     auroc_thresholds: int = field(default=2500, metadata={"check": check(ge=1)})  # the bSAM code's 2,500
     single_sample_metrics: bool = True  # multi-sample methods: also the mean single-sample metrics
+    # null: NLL = the exact mean | B: the bSAM code's (test set in batches of B, sum of batch means / (batches - 1))
+    nll_batches: int | None = field(default=None, metadata={"check": check(ge=1)})
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -103,6 +103,21 @@ def test_bsam_step_equals_the_five_lines(m):
     assert not torch.allclose(opt.state[opt.params()[0]]["precision"], torch.full_like(w0, HP["s_init"]))
 
 
+def test_bsam_m_is_the_global_split_each_of_k_processes_takes_m_over_k_parts():
+    """method.m=4 on 2 processes: this process cuts its share into 2 parts (before the all-reduce, absent here) --
+    the five lines with m=2 on its share; 4 parts per process would be a silent m-sharpness of 8 (issue 42)."""
+    lin = _linear()
+    w0, b0 = lin.weight.detach().clone(), lin.bias.detach().clone()
+    batches = [_data(seed=i) for i in range(2)]
+    method = BSAM(m=4, num_samples=4, **HP)
+    method.setup(_ctx(lin, generator=torch.Generator().manual_seed(7), world_size=2))
+    for batch in batches:
+        method.train_step(batch, NoFlatness(), Backprop(lin, CPU))
+    params, _, _ = _hand_steps(w0, b0, batches, 2, seed=7, steps=2, lr_factors=[1.0, 1.0])
+    torch.testing.assert_close(lin.weight.detach(), params[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lin.bias.detach(), params[1], rtol=1e-12, atol=1e-12)
+
+
 def test_bsam_rho_zero_takes_the_gradient_at_the_mean_not_the_noisy_point():
     """rho = 0: g_p is the gradient at the mean w (the ascent starts from w, not the noisy point)."""
     lin = _linear()
@@ -223,7 +238,7 @@ def test_bsam_learns_digits_and_writes_uncertainty_metrics(tmp_path):
 
 @pytest.mark.slow
 def test_bsam_ddp_all_reduces_g_p_and_h_once(tmp_path):
-    """2 CPU ranks with m=1 part each = 1 process with m=2 parts: with rho=0 the ascent gradient does
+    """method.m=2 on 2 CPU ranks (1 part each) = 1 process with m=2 parts: with rho=0 the ascent gradient does
     not depend on the (per-rank) noise and beta2 ~ 1 freezes s, so only a wrong reduction of g_p
     (missing, doubled, or DDP's own all-reduce on top) would change the run."""
     from helpers import results, train_cli
@@ -231,9 +246,10 @@ def test_bsam_ddp_all_reduces_g_p_and_h_once(tmp_path):
             "trainer.batch_size=56", "trainer.epochs=2", "trainer.device=cpu", "method.rho=0",
             "method.beta2=0.999999", "method.num_samples=0", "trainer.eval_every=0"]
     train_cli(base + ["method.m=2"], tmp_path / "single")
-    train_cli(base + ["method.m=1"], tmp_path / "ddp", torchrun=2)
+    train_cli(base + ["method.m=2"], tmp_path / "ddp", torchrun=2)  # m: the global split (issue 42)
     single, ddp = results(tmp_path / "single"), results(tmp_path / "ddp")
     assert ddp["meta"]["budget"]["world_size"] == 2
+    assert ddp["meta"]["method"]["effective_m"] == single["meta"]["method"]["effective_m"] == 2
     for k in ("accuracy", "nll", "ece", "brier"):
         assert ddp["metrics"][k] == pytest.approx(single["metrics"][k], abs=1e-5), k
 

@@ -13,8 +13,8 @@ from torch.utils.data import DataLoader
 from flatbnn.data import build_dataset
 from flatbnn.data.cifar import MEAN, STD
 from flatbnn.data.device_loader import DeviceLoader
-from flatbnn.data.transforms import (ArrayDataset, AugmentedDataset, AutoAugmentCutoutDataset, aug_seed,
-                                     symmetric_label_noise)
+from flatbnn.data.transforms import (ArrayDataset, AugmentedDataset, AutoAugmentCutoutDataset, CropFlipCutoutDataset,
+                                     aug_seed, symmetric_label_noise)
 from flatbnn.engine.distributed import ResumableSampler
 
 
@@ -105,6 +105,33 @@ def test_cutout_square_and_crop_flip_of_the_preset():
     with pytest.raises(ValueError, match="augment"):
         build_dataset("digits", augment="autoaugment_cutout")
     assert b.meta["augment"] == "none"
+
+
+def test_crop_flip_cutout_is_davda54_sams_pipeline_crop_flip_then_cutout_on_half_the_items(tmp_path):
+    """VariationalSAM's notebooks (davda54/sam Cifar): crop + flip, Normalize, Cutout(16, p=0.5): an item either
+    equals its crop_flip image exactly, or that image with one clipped 16x16 square set to 0 (the mean pixel)."""
+    ds, cf = CropFlipCutoutDataset(_base(400), seed=1), AugmentedDataset(_base(400), seed=1)
+    ds.set_epoch(3)
+    cf.set_epoch(3)
+    cut = 0
+    for i in range(400):
+        x, plain, center = ds[i][0], cf[i][0], ds.cutout_center(i)
+        if center is None:
+            assert torch.equal(x, plain)
+            continue
+        cut += 1
+        cy, cx = center
+        mask = torch.zeros(32, 32, dtype=torch.bool)
+        mask[max(cy - 8, 0):min(cy + 8, 32), max(cx - 8, 0):min(cx + 8, 32)] = True
+        assert torch.all(x[:, mask] == 0) and torch.equal(x[:, ~mask], plain[:, ~mask])
+    assert 160 <= cut <= 240  # p = 0.5 of 400 (binomial sd 10)
+    batch = ds.__getitems__([5, 2, 9])
+    assert all(torch.equal(x, ds[i][0]) for (x, _), i in zip(batch, [5, 2, 9]))
+    from test_data_fixtures import write_cifar10_torchvision
+    b = build_dataset("cifar10", root=str(write_cifar10_torchvision(tmp_path / "c10")), augment="crop_flip_cutout")
+    assert isinstance(b.train, CropFlipCutoutDataset) and b.meta["augment"] == "crop_flip_cutout"
+    with pytest.raises(ValueError, match="DeviceLoader"):  # the GPU loader's crop+flip is not this
+        DeviceLoader(ds, batch_size=8, device="cpu")
 
 
 # --------------------------------------------------------------------------- DeviceLoader

@@ -114,6 +114,46 @@ def test_missing_weights_are_one_line_naming_key_and_file(row, key, example, tmp
         check_files(r, "paper", [f"{key}={tmp_path / 'missing.pth'}"])
 
 
+@pytest.mark.parametrize("row, cell, key", [("fsam_t2", "sgd", "trainer.init_from"),
+                                            ("fsam_t3", "cifar100/sgd", "model.pretrained_path"),
+                                            ("flatbnn_t4", "resnet152/swag", "model.pretrained_path")])
+def test_a_pretrained_row_refuses_in_train_py_itself_without_its_weights(row, cell, key, tmp_path, monkeypatch):
+    """Not only the reproduce runner: the cell's own config (trainer.weights_required) refuses in train.py, in one
+    line, before any data or network is built -- never a fine-tuning protocol trained from random init (issue 42)."""
+    from flatbnn.engine.validate import ConfigError, check_weights
+    from flatbnn.reproduce.launch import compose_cell
+    from flatbnn.reproduce.spec import load_row
+
+    monkeypatch.delenv("FLATBNN_DENSENET161_WEIGHTS", raising=False)
+    monkeypatch.delenv("FLATBNN_RESNET152_WEIGHTS", raising=False)
+    r = load_row(row)
+    overrides = next(c.overrides for c in r.cells_for("paper") if c.id == cell)
+    with pytest.raises(ConfigError) as e:
+        check_weights(compose_cell(overrides))
+    assert "\n" not in str(e.value) and str(e.value).startswith(f"{key} must name") and "not set" in str(e.value)
+    with pytest.raises(ConfigError, match="missing.pth does not exist"):
+        check_weights(compose_cell(overrides + [f"{key}={tmp_path / 'missing.pth'}"]))
+    (tmp_path / "w.pth").write_bytes(b"x")
+    check_weights(compose_cell(overrides + [f"{key}={tmp_path / 'w.pth'}"]))  # given: accepted
+    smoke = next(c.overrides for c in r.cells_for("smoke") if c.id == cell)
+    check_weights(compose_cell(smoke))  # the smoke scale's random-init stand-in says so itself
+    if row == "fsam_t2":  # once end to end: train.py run directly on the cell's overrides
+        from helpers import train_cli
+        p = train_cli(overrides + ["trainer.device=cpu"], tmp_path / "run", check=False)
+        assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith(
+            "flatbnn: error: trainer.init_from must name this config's pretrained weights"), p.stderr[-2000:]
+        assert not (tmp_path / "run").exists()
+
+
+def test_a_dry_run_of_a_pretrained_row_says_the_real_run_would_be_refused(tmp_path, capsys):
+    from flatbnn.reproduce import cli
+
+    assert cli.main(["run", "fsam_t2", "--scale", "paper", "--dry-run", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "reproduce fsam_t2: dry run: the real run would be refused: fsam_t2 (paper) needs trainer.init_from" in err
+    assert "deit_base_patch16_224-b5f2ef4d.pth" in err and not any(tmp_path.iterdir())
+
+
 def test_fsam_t1_asam_choices_are_explicit():
     from flatbnn.reproduce.launch import compose_cell
     from flatbnn.reproduce.spec import load_row

@@ -64,6 +64,26 @@ def test_nll_mean_over_examples():
     assert nll(lp, torch.tensor([0, 1])) == pytest.approx((math.log(2) - math.log(0.75)) / 2)
 
 
+def test_nll_batch_means_is_the_bsam_codes_sum_of_batch_means_over_batches_minus_one():
+    """team-approx-bayes/bayesian-sam test.py: nll += batch mean; nll /= batch_idx (= batches - 1), in test order.
+    5 points in batches of 2: means over {0,1}, {2,3}, {4}, summed, / 2 -- a short last batch counts as a whole."""
+    from flatbnn.metrics.classification import nll_batch_means
+    p = torch.tensor([0.9, 0.5, 0.25, 0.8, 0.6], dtype=F64)
+    lp = torch.stack([p, 1 - p], 1).log()
+    y = torch.zeros(5, dtype=torch.long)
+    e = -p.log()
+    want = ((e[0] + e[1]) / 2 + (e[2] + e[3]) / 2 + e[4]) / 2
+    assert nll_batch_means(lp, y, 2) == pytest.approx(float(want), rel=1e-12)
+    # equal batches: the exact mean x n / (n - 1) -- the bSAM rows' declared +2.04 % (50 batches of 200)
+    lp50 = torch.rand(10_000, 3, generator=torch.Generator().manual_seed(0), dtype=F64).log_softmax(1)
+    y50 = torch.randint(0, 3, (10_000,), generator=torch.Generator().manual_seed(1))
+    assert nll_batch_means(lp50, y50, 200) == pytest.approx(nll(lp50, y50) * 50 / 49, rel=1e-12)
+    got = classification_metrics(lp50, y50, nll_batches=200)["nll"]
+    assert got / classification_metrics(lp50, y50)["nll"] == pytest.approx(1.0204, abs=1e-4)
+    with pytest.raises(ValueError, match="make 1 batch"):
+        nll_batch_means(lp, y, 5)
+
+
 def test_predictive_log_probs_stable_for_very_negative_log_probs():
     # log-probs around -1000 underflow to 0 if exponentiated naively
     samples = torch.tensor([[[-1000.0, 0.0]], [[-1001.0, 0.0]]])  # [2, 1, 2], float32

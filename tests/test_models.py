@@ -313,6 +313,20 @@ def test_wrn_swag_options():
             create_model("wrn", **kw, **bad)
 
 
+def test_wrn_fan_in_zero_head_init_is_davda54_sams():
+    """VariationalSAM's notebooks train davda54/sam's WideResNet: He-normal convs with fan_in, zero classifier.
+    The stem conv (3 -> 16, 3x3) tells fan_in (27: std sqrt(2/27) = 0.27) from fan_out (144: 0.12)."""
+    kw = dict(num_classes=10, input_shape=CIFAR, depth=10, widen_factor=1)
+    torch.manual_seed(0)
+    sam_code, ours = create_model("wrn", init="fan_in_zero_head", **kw), create_model("wrn", **kw)
+    assert sam_code.stem.weight.std().item() == pytest.approx((2 / 27) ** 0.5, rel=0.1)
+    assert ours.stem.weight.std().item() == pytest.approx((2 / 144) ** 0.5, rel=0.1)
+    assert not sam_code.head.weight.any() and not sam_code.head.bias.any() and ours.head.weight.any()
+    assert not sam_code(torch.randn(2, *CIFAR)).any()  # a zero head: every logit 0 at step 0
+    with pytest.raises(ValueError):
+        create_model("wrn", init="fan_out", **kw)
+
+
 @pytest.mark.parametrize(
     "name,kw,shape",
     [

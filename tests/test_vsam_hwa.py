@@ -134,6 +134,24 @@ def test_vsam_refuses_a_flatness_variant_and_round_trips_its_state():
         assert torch.equal(p, q)
 
 
+@pytest.mark.slow  # two torchrun jobs of gloo processes
+def test_vsam_on_two_processes_perturbs_with_the_global_gradient(tmp_path):
+    """2 CPU ranks = 1 process with the same global batch: the first pass is all-reduced, so both ranks take the
+    ascent (and the M step) of the global batch's gradient -- a per-rank ascent (no_sync) would be m-sharpness
+    with m = 2 and change the run (issue 42)."""
+    from helpers import results, train_cli
+    base = ["dataset=digits", "model=mlp", "model.hidden=[64]", "method=vsam", "method.rho=1.0",
+            "method.init_count=1.0", "method.init_radius=0.05", "dataset.train_subset=1400",
+            "trainer.batch_size=56", "trainer.epochs=2", "trainer.device=cpu", "trainer.eval_every=0",
+            "trainer.reliability_diagram=false"]
+    train_cli(base, tmp_path / "single")
+    train_cli(base, tmp_path / "ddp", torchrun=2)
+    single, ddp = results(tmp_path / "single"), results(tmp_path / "ddp")
+    assert ddp["meta"]["budget"]["world_size"] == 2 and ddp["meta"]["method"]["effective_m"] == 1
+    for k in ("accuracy", "nll", "ece", "brier"):
+        assert ddp["metrics"][k] == pytest.approx(single["metrics"][k], abs=2e-5), k
+
+
 # ------------------------------------------------------------------------------------------ HWA
 def _hwa(seed=0, **kw):
     torch.manual_seed(seed)

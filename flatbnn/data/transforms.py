@@ -17,6 +17,8 @@
   RNG stream is untouched. Cost: ~0.5 ms per 32x32 item on one CPU core (AutoAugment on the PIL
   image; the fork/seed/restore is ~0.02 ms of it) against ~0.1 ms for crop_flip, i.e. ~25 s of
   CPU per CIFAR epoch: use DataLoader workers (trainer.num_workers).
+* :class:`CropFlipCutoutDataset` (``augment: crop_flip_cutout``, davda54/sam's CIFAR pipeline, VariationalSAM):
+  crop + flip, then Cutout (16x16, zeroed after normalisation) on half of the items.
 * :func:`balanced_subset` / :func:`holdout_split` pick subsets and validation hold-outs with
   fixed RNGs that do not depend on the run seed, so runs compare on the same data;
   :func:`symmetric_label_noise` corrupts a fixed, exact fraction of training labels.
@@ -37,6 +39,7 @@ __all__ = [
     "ArrayDataset",
     "AugmentedDataset",
     "AutoAugmentCutoutDataset",
+    "CropFlipCutoutDataset",
     "make_train_set",
     "symmetric_label_noise",
     "sub_seed",
@@ -46,9 +49,9 @@ __all__ = [
     "holdout_split",
 ]
 
-AUGMENTATIONS = ("none", "crop_flip", "autoaugment_cutout", "imagenet")
+AUGMENTATIONS = ("none", "crop_flip", "crop_flip_cutout", "autoaugment_cutout", "imagenet")
 #: presets for in-memory / decoded images of fixed size (CIFAR-like); "imagenet" needs image files
-ARRAY_AUGMENTATIONS = ("none", "crop_flip", "autoaugment_cutout")
+ARRAY_AUGMENTATIONS = ("none", "crop_flip", "crop_flip_cutout", "autoaugment_cutout")
 
 _MASK64 = (1 << 64) - 1
 _MASK63 = (1 << 63) - 1
@@ -286,6 +289,26 @@ class AugmentedDataset(Dataset):
         return f"{type(self).__name__}({self.base!r}, augment={self.augment!r}, seed={self.seed}, epoch={self.epoch})"
 
 
+def _cutout_center(self: AugmentedDataset, index: int, epoch: int | None = None,
+                   p: float = 1.0) -> tuple[int, int] | None:
+    """``(cy, cx)`` of the Cutout square of ``index`` in ``epoch`` (default: current epoch); None with probability
+    1 - ``p`` (drawn first, from the same generator)."""
+    epoch = self.epoch if epoch is None else int(epoch)
+    _, h, w = self.item_shape
+    g = torch.Generator().manual_seed(sub_seed(aug_seed(self.seed, epoch, int(index)), "cutout"))
+    if p < 1.0 and float(torch.rand(1, generator=g)) >= p:
+        return None
+    return int(torch.randint(0, h, (1,), generator=g)), int(torch.randint(0, w, (1,), generator=g))
+
+
+def _zero_square(x: torch.Tensor, center: tuple[int, int], size: int) -> None:
+    """Sets the ``size`` x ``size`` square around ``center`` (clipped at the borders) of ``x`` to 0, in place."""
+    cy, cx = center
+    h, w = x.shape[-2:]
+    half = size // 2
+    x[..., max(cy - half, 0):min(cy + half, h), max(cx - half, 0):min(cx + half, w)] = 0.0
+
+
 class AutoAugmentCutoutDataset(AugmentedDataset):
     """``augment: autoaugment_cutout`` (Fisher SAM section 5.1, as in the ASAM/FSAM CIFAR code):
     random crop (zero padding 4) + horizontal flip, AutoAugment with the CIFAR-10 policy
@@ -321,12 +344,7 @@ class AutoAugmentCutoutDataset(AugmentedDataset):
         out = torch.from_numpy(np.asarray(self.autoaugment(im), dtype=np.uint8).copy())
         return out.unsqueeze(0) if out.ndim == 2 else out.permute(2, 0, 1)
 
-    def cutout_center(self, index: int, epoch: int | None = None) -> tuple[int, int]:
-        """``(cy, cx)`` of the Cutout square of ``index`` in ``epoch`` (default: current epoch)."""
-        epoch = self.epoch if epoch is None else int(epoch)
-        _, h, w = self.item_shape
-        g = torch.Generator().manual_seed(sub_seed(aug_seed(self.seed, epoch, int(index)), "cutout"))
-        return int(torch.randint(0, h, (1,), generator=g)), int(torch.randint(0, w, (1,), generator=g))
+    cutout_center = _cutout_center
 
     def _item(self, index: int, epoch: int) -> torch.Tensor:
         if index < 0:
@@ -336,12 +354,34 @@ class AutoAugmentCutoutDataset(AugmentedDataset):
         raw = call_with_torch_seed(s, self._autoaugment_pil, raw)
         x = self.base.normalize(raw)
         if self.cutout > 0:
-            cy, cx = self.cutout_center(index, epoch)
-            h, w = x.shape[-2:]
-            half = self.cutout // 2
-            y0, y1 = max(cy - half, 0), min(cy + half, h)
-            x0, x1 = max(cx - half, 0), min(cx + half, w)
-            x[..., y0:y1, x0:x1] = 0.0
+            _zero_square(x, self.cutout_center(index, epoch), self.cutout)
+        return x
+
+
+class CropFlipCutoutDataset(AugmentedDataset):
+    """``augment: crop_flip_cutout``: the CIFAR pipeline of davda54/sam (``example/data/cifar.py``), which the
+    VariationalSAM authors' notebooks train with -- random crop (zero padding 4) + horizontal flip, normalisation,
+    then Cutout with probability ``p`` (0.5): one ``cutout`` x ``cutout`` (16) square, centre uniform over the
+    image, clipped at the borders, set to 0 in normalised space. The crop/flip are exactly the ``crop_flip``
+    preset's; whether and where the square goes come from a generator seeded with
+    ``sub_seed(aug_seed(...), "cutout")`` (a function of seed, epoch and index)."""
+
+    _AUGMENT = "crop_flip_cutout"
+
+    def __init__(self, base: Any, seed: int, augment: str = "crop_flip_cutout", padding: int = 4,
+                 cutout: int = 16, p: float = 0.5) -> None:
+        super().__init__(base, seed=seed, augment=augment, padding=padding)
+        self.cutout, self.p = int(cutout), float(p)
+
+    def cutout_center(self, index: int, epoch: int | None = None) -> tuple[int, int] | None:
+        """``(cy, cx)`` of the square of ``index`` in ``epoch``, or None when this item keeps its pixels."""
+        return _cutout_center(self, index, epoch, p=self.p)
+
+    def _item(self, index: int, epoch: int) -> torch.Tensor:
+        x = self.base.normalize(self._aug_raw(index, epoch))
+        center = self.cutout_center(index, epoch)
+        if center is not None and self.cutout > 0:
+            _zero_square(x, center, self.cutout)
         return x
 
 
@@ -361,6 +401,8 @@ def make_train_set(base: Any, augment: str, seed: int) -> Dataset:
         return base
     if augment == "crop_flip":
         return AugmentedDataset(base, seed=seed, augment=augment)
+    if augment == "crop_flip_cutout":
+        return CropFlipCutoutDataset(base, seed=seed)
     if augment == "autoaugment_cutout":
         return AutoAugmentCutoutDataset(base, seed=seed)
     if augment == "imagenet":

@@ -113,6 +113,30 @@ def check_model_data(cfg: DictConfig) -> None:
         f"{', '.join(fits)}), or use model=mlp on {cfg.dataset.name}; model.min_input_size=null trains it anyway")
 
 
+def check_weights(cfg: DictConfig) -> None:
+    """``trainer.weights_required``: the config key it names (a fine-tuning protocol's pretrained weights) must
+    name an existing local file or run dir -- refused in one line otherwise, never trained from random init (the
+    reproduce runner's preflight says the same from the row's ``requires``; this covers train.py run directly)."""
+    key = OmegaConf.select(cfg, "trainer.weights_required", default=None)
+    if key in (None, ""):
+        return
+    try:
+        value = OmegaConf.select(cfg, str(key), default=_NO_KEY)
+    except Exception:  # e.g. ${oc.env:...} of an unset variable without a default: nothing given
+        value = None
+    if value is _NO_KEY:
+        raise ConfigError(f"trainer.weights_required={key}: the config has no key {key}")
+    if value not in (None, "") and Path(str(value)).expanduser().exists():
+        return
+    got = "not set" if value in (None, "") else f"{value} does not exist"
+    raise ConfigError(f"{key} must name this config's pretrained weights, a local file ({got}): it fine-tunes them "
+                      f"and is never trained from random init; pass {key}=/path/to/weights "
+                      f"(trainer.weights_required=null trains it from scratch anyway)")
+
+
+_NO_KEY = object()
+
+
 def check_device(cfg: DictConfig) -> None:
     spec = str(OmegaConf.select(cfg, "trainer.device", default="auto"))
     if spec == "auto":
@@ -191,6 +215,7 @@ def validate_config(cfg: DictConfig, run_dir: Path | None = None, *, rank: int |
     rank = int(os.environ.get("RANK", "0")) if rank is None else rank
     check_values(cfg)
     check_model_data(cfg)
+    check_weights(cfg)
     check_device(cfg)
     check_batched_chunks(cfg)
     if run_dir is not None and rank == 0:
@@ -198,6 +223,7 @@ def validate_config(cfg: DictConfig, run_dir: Path | None = None, *, rank: int |
 
 
 __all__ = ["ConfigError", "RANGES", "check_batched_chunks", "check_device", "check_model_data", "check_values",
+           "check_weights",
            "check_writable", "validate_config"]
 
 

@@ -27,9 +27,11 @@ and runs epochs + 1 epochs, here it changes per step). The ``optimizer`` group i
 
 BatchNorm running statistics: the official code threads them through both passes of the first part
 and drops the other parts' updates; ``bn_stats`` (both | first | second | none) says which passes of
-the FIRST part update them (default both); the other parts never do. Under DDP each rank runs its
-parts inside ``no_sync()`` (forward and backward) and g_p, h are all-reduced once, so the effective
-split is m * world_size (set ``method.m`` = 8 / GPUs to keep the paper's 8). With fp16 the loss is
+the FIRST part update them (default both); the other parts never do. ``m`` is the split of the GLOBAL
+batch on any number of processes: under DDP each of k ranks cuts its share of the batch into m / k parts
+(refused unless k divides m; never a silent m * k), runs them inside ``no_sync()`` (forward and backward)
+and g_p, h are all-reduced once -- the single-process algorithm with the parts spread over ranks (each
+part its own noise and ascent). With fp16 the loss is
 scaled by the engine's GradScaler and unscaled here; a non-finite ascent gradient gives no ascent, a
 non-finite g_p or h skips the step and halves the scale (the scale is never grown again).
 ``trainer.grad_clip`` clips the averaged g_p. The returned (logged) loss is the mean loss at the noisy
@@ -70,6 +72,14 @@ class BSAM(DiagonalGaussianMethod):
         self.bn_stats = bn_stats
         self.noise = bool(noise)
 
+    def setup(self, ctx) -> None:
+        world = int(getattr(ctx, "world_size", 1) or 1)
+        if self.m % world:  # before anything is built: k ranks must share the m parts equally
+            raise ValueError(f"method.m={self.m}: bSAM splits the global batch into m parts and {world} processes "
+                             f"must share them equally; use a method.m divisible by {world} or another number of "
+                             f"processes")
+        super().setup(ctx)
+
     def build_optimizer(self, params, n_data):
         return BSAMOptimizer(params, lr=self.lr_init, betas=self.betas, rho=self.rho,
                              prior_precision=self.prior_precision, n_data=n_data, damping=self.damping,
@@ -92,8 +102,8 @@ class BSAM(DiagonalGaussianMethod):
         self.check_flatness(flatness)
         opt = self.optimizer
         params = opt.params()
-        # a short last batch (drop_last=False) gets as many parts as it has examples
-        chunks = split_batch(batch, min(self.m, batch_size(batch)))
+        # this process's share of the m parts; a short last batch (drop_last=False) gets as many as it has examples
+        chunks = split_batch(batch, min(self.m // self.world_size, batch_size(batch)))
         with torch.no_grad():
             mean = [p.detach().clone() for p in params]
         g_p = [torch.zeros_like(p) for p in params]
@@ -150,5 +160,5 @@ class BSAM(DiagonalGaussianMethod):
         return {**super().describe(), "lr": self.lr_init, "beta1": self.betas[0], "beta2": self.betas[1],
                 "rho": self.rho, "m": self.m, "prior_precision": self.prior_precision,
                 "damping": self.damping, "s_init": self.s_init, "bn_stats": self.bn_stats, "noise": self.noise,
-                # each process splits its own batch: k processes make the split m * k (issue 32 #8)
-                "effective_m": self.m * self.world_size}
+                # m parts of the global batch on any number of processes (m / k per process; issue 42)
+                "effective_m": self.m}

@@ -2,7 +2,8 @@
 
 Parameterisation of the official code: a per-weight M > 0 with Sigma = M^-2 (diagonal). Per step:
 
-1. g = grad L(mu) on the batch (first pass; under DDP each worker its own, as SAM's ascent);
+1. g = grad L(mu) on the batch (first pass; under DDP all-reduced, so every rank perturbs with the global
+   batch's g -- never a silent m-sharpness with m = the number of processes);
 2. worst-case point of the ellipsoid eps^T Sigma^-1 eps <= rho^2 to first order (Eq. 2/3 with
    sqrt(p) -> rho):   eps = rho * (g / M^2) / sqrt(sum g^2 / M^2);
 3. mu is stepped with grad L(mu + eps) (second pass; running BatchNorm statistics from the first pass);
@@ -131,15 +132,14 @@ class VariationalSAM(Method):
         self.optimizer.zero_grad(set_to_none=True)
         self._record = True
         rng = backprop.rng_state()
-        with backprop.no_sync(), backprop.bn_updates(self.bn_stats in ("first", "both")):
+        # no no_sync(): DDP all-reduces g, so eps and the M step are those of the global batch on every rank
+        with backprop.bn_updates(self.bn_stats in ("first", "both")):
             loss = backprop.forward(self.loss_fn, batch)
             backprop.backward(loss)
         grads = backprop.unscaled_grads(params)
         ellipsoid = self._ellipsoid(grads)  # flat copies: the grads below may be dropped
         eps = self.ascent(grads, ellipsoid)
-        m_grad = self.m_grad(*ellipsoid)  # the Sigma step's gradient (g held fixed)
-        if self.ctx.all_reduce_mean is not None and self.ctx.world_size > 1:
-            self.ctx.all_reduce_mean(m_grad)  # per-worker g -> keep M identical on every rank
+        m_grad = self.m_grad(*ellipsoid)  # the Sigma step's gradient (g held fixed; the same on every rank)
         if getattr(backprop, "scaler", None) is not None:
             m_grad = m_grad * backprop.loss_scale()  # scaled like the data term for fp16 (no host read)
         with torch.no_grad():
@@ -188,8 +188,8 @@ class VariationalSAM(Method):
         d = {"name": self.name, "num_samples": self.num_samples, "rho": self.rho, "init_radius": self.init_radius,
              "init_count": self.init_count, "m_lr": self.m_lr, "m_weight_decay": self.m_weight_decay,
              "prior_std": self.prior_std, "sigma": "M^-2", "bn_stats": self.bn_stats,
-             # the ascent runs per process (no_sync): k processes make it m-sharpness with m = k (issue 32 #8)
-             "effective_m": self.world_size}
+             # one ascent from the all-reduced gradient on any number of processes (issue 42)
+             "effective_m": 1}
         if self.M:
             with torch.no_grad():
                 s = torch.cat([(1.0 / m).flatten() for m in self.M])

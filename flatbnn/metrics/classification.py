@@ -187,6 +187,20 @@ def nll(log_probs: Tensor, targets: Tensor) -> float:
     return float(0.0 - picked.mean())  # 0.0 - x: no '-0.0'
 
 
+def nll_batch_means(log_probs: Tensor, targets: Tensor, batch_size: int) -> float:
+    """The bSAM code's test NLL (team-approx-bayes/bayesian-sam test.py): the test set, in order, cut into batches
+    of ``batch_size``, the SUM of the batch means divided by the number of batches - 1 (its loop index after the
+    loop), i.e. :func:`nll` x n / (n - 1) for equal batches: +2.04 % for 10,000 test points in batches of 200."""
+    log_probs = _check_2d(log_probs, "log_probs")
+    targets = _check_targets(targets, log_probs.shape[0])
+    picked = log_probs.gather(1, targets.unsqueeze(1)).squeeze(1).to(torch.float64)
+    means = [0.0 - b.mean() for b in picked.split(int(batch_size))]
+    if len(means) < 2:
+        raise ValueError(f"metrics.nll_batches={batch_size}: the bSAM code's NLL divides by the number of batches - 1 "
+                         f"and {picked.shape[0]} test points make {len(means)} batch; use a smaller batch or null")
+    return float(sum(means) / (len(means) - 1))
+
+
 def brier(probs: Tensor, targets: Tensor) -> float:
     """Multi-class Brier score: ``(1/N) sum_i sum_c (p_ic - 1[y_i = c])^2``.
 
@@ -552,6 +566,7 @@ def classification_metrics(
     misclass_score: ScoreKind = "max_prob",
     auroc_method: AurocMethod = "exact",
     n_thresholds: int = 2500,
+    nll_batches: int | None = None,
 ) -> dict:
     """All standard metrics of a predictive distribution.
 
@@ -561,7 +576,8 @@ def classification_metrics(
     there are more than 5 classes), ``nll``, ``ece``
     (``ece_bins`` bins, ``ece_binning``, ``ece_edges``; see :func:`ece`), ``brier``,
     ``auroc_misclassification``, ``aupr_misclassification`` (positives = correctly classified;
-    NaN if every or no prediction is correct).
+    NaN if every or no prediction is correct). ``nll_batches``: the bSAM code's NLL
+    (:func:`nll_batch_means`) instead of the exact mean.
     """
     if not isinstance(log_probs, Tensor):
         log_probs = torch.as_tensor(log_probs)
@@ -577,7 +593,7 @@ def classification_metrics(
         probs_ece = probs
     out = {
         "accuracy": accuracy(log_probs, targets),
-        "nll": nll(log_probs, targets),
+        "nll": nll(log_probs, targets) if nll_batches is None else nll_batch_means(log_probs, targets, nll_batches),
         "ece": ece(probs_ece, targets, n_bins=ece_bins, binning=ece_binning, edges=ece_edges),
         "brier": brier(probs, targets),
     }

@@ -145,4 +145,5 @@ def _metrics(log_probs: torch.Tensor, targets: torch.Tensor, cfg: EvalConfig, wa
         return {**{k: None for k in keys}, "nonfinite_predictions": bad}
     return classification_metrics(log_probs, targets, ece_bins=cfg.ece_bins, ece_binning=cfg.ece_binning,
                                   ece_edges=cfg.ece_edges, misclass_score=cfg.misclass_score,
-                                  auroc_method=cfg.auroc, n_thresholds=cfg.auroc_thresholds)
+                                  auroc_method=cfg.auroc, n_thresholds=cfg.auroc_thresholds,
+                                  nll_batches=cfg.nll_batches)

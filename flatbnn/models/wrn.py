@@ -20,6 +20,8 @@ Two more SWAG-code details are options too, off by default: ``init="torch_defaul
 layer init (the SWAG code's ``conv_init`` is never called; default ``"he"``: He-normal convs, zero biases), and
 ``final_bn_momentum=0.9`` is its final BatchNorm's ``momentum=0.9`` (PyTorch convention: the new batch's
 weight; default 0.1). They matter most where no BN refresh follows training (MC-Dropout, Deep-ens, SGLD).
+``init="fan_in_zero_head"`` is the init of davda54/sam's ``WideResNet`` (the VariationalSAM authors' notebooks):
+He-normal convs with fan_in (not fan_out) and an all-zero classifier (weight and bias).
 With ``dropout=0`` no Dropout module exists, whatever the placement.
 """
 
@@ -38,7 +40,7 @@ from ._common import dropout_or_identity
 StrideOn = Literal["first", "second"]
 DropoutPlacement = Literal["original", "swag"]
 ShortcutInput = Literal["preact", "raw"]
-Init = Literal["he", "torch_default"]
+Init = Literal["he", "torch_default", "fan_in_zero_head"]
 
 
 def _conv3x3(in_ch: int, out_ch: int, stride: int = 1, bias: bool = False) -> nn.Conv2d:
@@ -103,8 +105,8 @@ class WideResNet(nn.Module):
         final_bn_momentum: float = 0.1,
     ):
         super().__init__()
-        if init not in ("he", "torch_default"):
-            raise ValueError(f"init must be 'he' or 'torch_default', got {init!r}")
+        if init not in ("he", "torch_default", "fan_in_zero_head"):
+            raise ValueError(f"init must be 'he', 'torch_default' or 'fan_in_zero_head', got {init!r}")
         if (depth - 4) % 6 != 0:
             raise ValueError(f"WRN depth must be 6n+4 (16, 22, 28, 40, ...), got {depth}")
         if stride_on not in ("first", "second"):
@@ -137,12 +139,15 @@ class WideResNet(nn.Module):
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.head_dropout = dropout_or_identity(dropout if dropout_placement == "swag" else 0.0)
         self.head = nn.Linear(in_ch, num_classes)
-        for m in self.modules() if init == "he" else ():
+        for m in self.modules() if init != "torch_default" else ():
             if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                mode = "fan_in" if init == "fan_in_zero_head" else "fan_out"
+                nn.init.kaiming_normal_(m.weight, mode=mode, nonlinearity="relu")
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
             elif isinstance(m, nn.Linear):
+                if init == "fan_in_zero_head":
+                    nn.init.zeros_(m.weight)
                 nn.init.zeros_(m.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -78,6 +78,13 @@ def _run_row(name: str, args, extra: list[str]) -> int:
     else:
         if args.scale != "smoke" and not args.dry_run:  # eval rows: their own files (check_data)
             preflight.check_data(row, args.scale, extra, cells_glob=args.cells)
+        elif args.scale != "smoke":  # a dry run: the files (weights) the real run would be refused without
+            try:
+                preflight.check_files(row, args.scale, extra)
+            except FileNotFoundError as e:
+                print(f"reproduce {name}: dry run: the real run would be refused: {' '.join(str(e).split())}",
+                      file=sys.stderr)
+                return 2
         launch_row = launch.launch_eval if row.kind == "eval" else launch.launch
         summary = launch_row(row, args.scale, out=out, extra=extra, launcher=args.launcher, force=args.force,
                              dry_run=args.dry_run, cells_glob=args.cells, seeds=args.seeds, missing=args.missing,

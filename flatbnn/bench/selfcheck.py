@@ -283,8 +283,8 @@ def run_selfcheck(out: Path, *, dry: bool, budget_s: float = 180.0, caps: dict[s
         if parallel:
             rec = futures[path.name].result()
         else:
-            cap = min((caps or {}).get(path.name, path.cap_s), budget_s - (time.monotonic() - t0))
-            rec = _timed_child(path, cap, dry) if cap >= 5 else {
+            left = budget_s - (time.monotonic() - t0)
+            rec = _timed_child(path, min((caps or {}).get(path.name, path.cap_s), left), dry) if left >= 5 else {
                 "ok": False, "reason": f"skipped: the self-check's {budget_s:.0f} s were spent"}
         rec["what"] = path.what
         report["paths"][path.name] = rec

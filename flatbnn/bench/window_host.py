@@ -27,6 +27,7 @@ import tarfile
 from pathlib import Path
 
 from flatbnn.bench.window import DATA_FILES, MNIST_FOLDERS, OUT_FILES
+from flatbnn.reproduce.spec import SpecError
 
 REPO = Path(__file__).resolve().parents[2]
 CARRY_LIMIT = 64 * 2**20           # the device tool: working tree + carried paths
@@ -236,7 +237,7 @@ def main(argv=None) -> int:
                 raise WindowError(f"FROM={args.src}: no such folder (the device call's files_at)")
             restore(args.src, results_root=args.results, runs_root=args.runs, bench_dir=args.bench,
                     device_dir=args.device_dir)
-    except (WindowError, OSError, tarfile.TarError, subprocess.CalledProcessError) as e:
+    except (WindowError, SpecError, OSError, tarfile.TarError, subprocess.CalledProcessError) as e:
         print(f"gpu-window: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     return 0

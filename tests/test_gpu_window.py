@@ -179,3 +179,33 @@ def test_the_printed_command_fits_the_device_tool():
     assert cmd.startswith("python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/wheels/*.whl "
                           "&& export PYTHONPATH=/tmp/site:$PWD")
     assert "--data-dir .device --out $OUT" in cmd
+
+
+def test_restore_queues_unfinished_runs_for_the_next_window(tmp_path):
+    """An archive holding an unfinished run dir: the run goes back into its row's run dir and the archive becomes
+    .device/resume.tgz (the next window's --restore); an output without unfinished runs removes the stale one."""
+    import io
+
+    src = tmp_path / "OUT"
+    src.mkdir()
+    window_json = {"dry_run": False, "files": {}}
+    (src / "window.json").write_text(json.dumps(window_json))
+    (src / "selfcheck.json").write_text(json.dumps({"versions": {"device": "NVIDIA H100 80GB HBM3",
+                                                                  "date": "2026-11-27 16:00:00", "commit": "abc1234"},
+                                                     "paths": {}, "usable": []}))
+    ckpt = b"checkpoint bytes"
+    with tarfile.open(src / "campaign.tgz", "w:gz") as tar:
+        info = tarfile.TarInfo("runs/bsam_t6/mnist/mlp/sgd/seed0/checkpoints/last.pt")
+        info.size = len(ckpt)
+        tar.addfile(info, io.BytesIO(ckpt))
+    roots = dict(results_root=tmp_path / "results", runs_root=tmp_path / "outputs", bench_dir=tmp_path / "bench",
+                 device_dir=tmp_path / "device")
+    got = window_host.restore(src, **roots, log=lambda s: None)
+    run = tmp_path / "outputs" / "bsam_t6" / "paper" / "mnist" / "mlp" / "sgd" / "seed0"
+    assert got["restored_runs"] == [str(run)] and (run / "checkpoints" / "last.pt").read_bytes() == ckpt
+    resume = tmp_path / "device" / "resume.tgz"
+    assert got["resume"] == str(resume) and resume.read_bytes() == (src / "campaign.tgz").read_bytes()
+    assert (tmp_path / "bench" / "nvidia-h100-80gb-hbm3-2026-11-27-selfcheck-abc1234.json").is_file()
+    with tarfile.open(src / "campaign.tgz", "w:gz"):
+        pass  # the next window finished everything: no runs/ left
+    assert window_host.restore(src, **roots, log=lambda s: None)["resume"] is None and not resume.exists()

@@ -161,3 +161,33 @@ regen: setup
 	$(PY) scripts/param_counts.py --markdown --update docs/models.md
 	$(PY) scripts/reproduce.py status
 	$(PY) scripts/estimate_cost.py --write-docs
+
+# ---------------------------------------------------------------------------- a lent GPU window (docs/cluster.md)
+#   make gpu-window PRINT=1 [MINUTES=9.5] [ROWS=...]   build .device/ (wheels, data, COMMIT, resume.tgz) and print
+#                                                      the device call: its carry list and command line
+#   make gpu-window DRY=1                              the whole chain on this CPU at tiny sizes, into $(WINDOW_OUT)
+#   make gpu-restore FROM=<files_at>                   merge the window's output into results/ (dry: FROM/restored/)
+CIFAR10    ?= ../shared/data/cifar10_jpeg.tar.gz
+MNIST_ROOT ?= $(if $(FLATBNN_DATA_ROOT),$(FLATBNN_DATA_ROOT),data)
+WHEELS     ?= ../shared/wheels
+WINDOW_DATA ?= cifar10,mnist,fashion_mnist
+WINDOW_OUT ?= outputs/gpu-window-dry
+FROM       ?= $(WINDOW_OUT)
+.PHONY: gpu-window gpu-window-prepare gpu-restore
+gpu-window-prepare: setup
+	$(PY) -m flatbnn.bench.window_host prepare --minutes $(or $(MINUTES),9.5) $(if $(ROWS),--rows $(ROWS)) \
+		--cifar10 $(CIFAR10) --mnist-root $(MNIST_ROOT) --wheels $(WHEELS) --data $(WINDOW_DATA) --print
+
+ifeq ($(DRY),1)
+gpu-window: setup
+	rm -rf $(WINDOW_OUT)
+	$(PY) -m flatbnn.bench.window --dry-run --minutes $(or $(MINUTES),2.5) --out $(WINDOW_OUT) $(if $(ROWS),--rows $(ROWS))
+else ifeq ($(PRINT),1)
+gpu-window: gpu-window-prepare
+else
+gpu-window:
+	python3 -m flatbnn.bench.window --minutes $(or $(MINUTES),9.5) --data-dir .device --out $(OUT) $(if $(ROWS),--rows $(ROWS))
+endif
+
+gpu-restore: setup
+	$(PY) -m flatbnn.bench.window_host restore $(FROM)

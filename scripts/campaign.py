@@ -57,6 +57,9 @@ def main(argv=None) -> int:
                     help="write the unfinished run dirs and the touched rows' records to this .tgz")
     ap.add_argument("--archive-limit-mb", type=float, default=16.0)
     ap.add_argument("--restore", type=Path, default=None, help="unpack a --archive-out file before starting")
+    ap.add_argument("--selfcheck", type=Path, default=None,
+                    help="a GPU window's self-check JSON (flatbnn/bench/selfcheck.py): each cell runs the step path "
+                         "(graph, batched chunks, compile) that passed there for it, else eagerly")
     ap.add_argument("--out", type=Path, default=None, help="runs root (default outputs/reproduce: the rows' run dirs)")
     ap.add_argument("--results", type=Path, default=None, help="records root (default results/reproduce)")
     ap.add_argument("--dry-run", action="store_true", help="print the queue with time estimates; run nothing")
@@ -97,8 +100,19 @@ def main(argv=None) -> int:
         rows = [r.strip() for r in args.rows.split(",") if r.strip()] if args.rows else None
         for name in rows or []:
             load_row(name)  # an unknown row: one line, exit 2, before minutes of planning
+        extra_for = None
+        if args.selfcheck is not None:
+            import json
+
+            from flatbnn.bench.selfcheck import step_overrides
+            try:
+                report = json.loads(args.selfcheck.read_text())  # a missing file: OSError, one line, exit 2
+            except ValueError as e:
+                raise SpecError(f"--selfcheck {args.selfcheck}: not a self-check JSON ({e})") from None
+            cache = str(Path(args.out or "outputs").resolve() / ".compile_cache")
+            extra_for = lambda cfg: step_overrides(cfg, report, cuda=bool(gpus), compile_cache=cache)  # noqa: E731
         p = campaign.plan(rows, device=device, data=args.data, extra=extra, max_job_s=max_job, out_root=args.out,
-                          results_root=args.results)
+                          results_root=args.results, extra_for=extra_for)
         if args.dry_run:
             print(campaign.describe(p, budget_s, procs * max(1, gpus)))
             return 0

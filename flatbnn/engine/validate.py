@@ -223,8 +223,7 @@ def validate_config(cfg: DictConfig, run_dir: Path | None = None, *, rank: int |
 
 
 __all__ = ["ConfigError", "RANGES", "check_batched_chunks", "check_device", "check_model_data", "check_values",
-           "check_weights",
-           "check_writable", "validate_config"]
+           "check_weights", "check_writable", "validate_config"]
 
 
 def check_group_files(choices: dict, sources) -> None:

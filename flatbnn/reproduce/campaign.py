@@ -39,6 +39,7 @@ from flatbnn.reproduce.spec import REPO, Cell, Row, SpecError, list_rows, load_r
 PAPER = "paper"
 EXIT_STOPPED = 75          # the budget ran out (or a stop signal came) with jobs left: rerun to go on
 DEFAULT_LIMIT_MB = 16      # the device tool returns files of at most 16 MB
+STEP_PATH_KEYS = ("trainer.cuda_graph=", "trainer.compile=", "flatness.batched_chunks=")  # shown per job
 
 
 @dataclass
@@ -88,8 +89,10 @@ def _data_problem(row: Row, cell: Cell, dataset: str, extra: list[str], seen: di
 
 def plan(rows: list[str] | None, *, device: str, data: dict[str, str] | None = None, extra: list[str] = (),
          max_job_s: float | None = None, out_root: Path | None = None, results_root: Path | None = None,
-         check_data: bool = True) -> Plan:
-    """The queue of paper-scale jobs of ``rows`` (None: every train row with a paper scale) on ``device``."""
+         check_data: bool = True, extra_for=None) -> Plan:
+    """The queue of paper-scale jobs of ``rows`` (None: every train row with a paper scale) on ``device``.
+    ``extra_for(cfg) -> [override, ...]``: per-cell extras from the composed cell config (the GPU window's step
+    paths, flatbnn/bench/selfcheck.py: step_overrides)."""
     out_root = Path(out_root or launch.OUTPUT_ROOT)
     results_root = Path(results_root or archive.ARCHIVE_ROOT)
     p = Plan(device)
@@ -114,6 +117,10 @@ def plan(rows: list[str] | None, *, device: str, data: dict[str, str] | None = N
             cfg = launch.compose_cell(list(cell.overrides) + list(extra))
             cell_extra = list(extra) + data_overrides(cfg, data or {})
             if cell_extra != list(extra):
+                cfg = launch.compose_cell(list(cell.overrides) + cell_extra)
+            more = list(extra_for(cfg)) if extra_for is not None else []
+            if more:
+                cell_extra += more
                 cfg = launch.compose_cell(list(cell.overrides) + cell_extra)
             est = cost.estimate(cfg, device)
             problem = _data_problem(row, cell, str(cfg.dataset.name), cell_extra, seen) if check_data else None
@@ -151,7 +158,8 @@ def describe(p: Plan, budget_s: float | None, procs: int) -> str:
         i = t.index(min(t))
         t[i] += j.estimate.seconds
         fits = "" if budget_s is None else ("" if t[i] <= budget_s else "  [beyond the budget]")
-        lines.append(f"  {j.name}: {j.estimate.describe()}{fits}")
+        paths = " ".join(o for o in j.overrides if o.startswith(STEP_PATH_KEYS))
+        lines.append(f"  {j.name}: {j.estimate.describe()}{fits}" + (f"  [{paths}]" if paths else ""))
     if budget_s is not None:
         lines.append(f"budget {cost.fmt_duration(budget_s)}; the queue needs ~{cost.fmt_duration(max(t))} "
                      f"of wall time at {procs} at once (estimates, not a promise)")

@@ -1,0 +1,211 @@
+"""The GPU window (issue 41): the self-check's paths, what the campaign takes from it, and the whole chain dry on the
+CPU (flatbnn/bench/selfcheck.py, window.py, window_host.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from flatbnn.bench import selfcheck, window, window_host
+
+REPO = Path(__file__).resolve().parents[1]
+ALL_OK = {"usable": [p.name for p in selfcheck.PATHS],
+          "paths": {"eager": {"ok": True, "img_s": 100.0}, "cuda_graph": {"ok": True, "img_s": 300.0},
+                    "compiled": {"ok": True, "img_s": 310.0}}}
+
+
+@pytest.fixture(scope="module")
+def cells():
+    """The composed configs of bsam_t6's MNIST cells (the real config keys the rules read)."""
+    from flatbnn.reproduce import launch
+    from flatbnn.reproduce.spec import load_row
+
+    row = load_row("bsam_t6")
+    return {c.id.split("/")[-1]: launch.compose_cell(list(c.overrides)) for c in row.cells_for("paper")
+            if c.id.startswith("mnist/")}
+
+
+def test_step_overrides_use_only_passing_paths(cells):
+    sam, bsam, adam, swag, sgd = (cells[k] for k in ("sam_sgd", "bsam", "adam", "swag", "sgd"))
+    assert selfcheck.step_overrides(sam, ALL_OK, cuda=True) == ["flatness.batched_chunks=true",
+                                                                "trainer.cuda_graph=true"]
+    assert selfcheck.step_overrides(bsam, ALL_OK, cuda=True) == ["trainer.cuda_graph=true"]
+    assert selfcheck.step_overrides(adam, ALL_OK, cuda=True) == ["trainer.cuda_graph=true"]
+    assert selfcheck.step_overrides(sgd, ALL_OK, cuda=True) == ["trainer.cuda_graph=true"]
+    assert selfcheck.step_overrides(swag, ALL_OK, cuda=True) == []  # no path covers SWAG: eager
+    assert selfcheck.step_overrides(sam, ALL_OK, cuda=False) == ["flatness.batched_chunks=true"]  # no graph on a CPU
+
+    def without(name):
+        return {**ALL_OK, "usable": [n for n in ALL_OK["usable"] if n != name]}
+    # a failed path is never used: its cells fall back to what did pass, else to eager
+    assert selfcheck.step_overrides(sam, without("sam_m8_batched"), cuda=True) == []
+    assert selfcheck.step_overrides(bsam, without("bsam_m8"), cuda=True) == []
+    assert selfcheck.step_overrides(adam, without("adam_capturable"), cuda=True) == []
+    assert selfcheck.step_overrides(sgd, without("cuda_graph"), cuda=True) == []
+    # a graph slower than eager is not the fastest path; compile only where it beat the graph by COMPILE_GAIN
+    slow = {**ALL_OK, "paths": {**ALL_OK["paths"], "cuda_graph": {"ok": True, "img_s": 90.0}}}
+    assert selfcheck.step_overrides(sgd, slow, cuda=True) == []
+    fast = {**ALL_OK, "paths": {**ALL_OK["paths"], "compiled": {"ok": True, "img_s": 400.0}}}
+    assert selfcheck.step_overrides(sgd, fast, cuda=True, compile_cache="/c") == [
+        "trainer.cuda_graph=true", "trainer.compile=true", "trainer.compile_cache=/c"]
+
+
+def test_selfcheck_writes_each_section_and_keeps_the_reason(tmp_path):
+    """The JSON holds each path as soon as it is done; a path past its cap is unused with its one line."""
+    out = tmp_path / "sc.json"
+    seen = []
+
+    def log(msg):
+        seen.append(len(json.loads(out.read_text())["paths"]))
+
+    rep = selfcheck.run_selfcheck(out, dry=True, budget_s=600, names=["eager", "cuda_graph"],
+                                  caps={"cuda_graph": 0.0}, log=log)
+    assert seen == [1, 2]
+    eager = rep["paths"]["eager"]
+    assert eager["ok"] and eager["img_s"] > 0 and eager["max_rel_vs_eager_5_steps"] == 0.0
+    lrs = eager["lr_per_step"]  # the real cosine schedule moves the lr every step
+    assert len(lrs) == selfcheck.CHECK_STEPS and all(a > b for a, b in zip(lrs, lrs[1:]))
+    assert rep["paths"]["cuda_graph"] == {**rep["paths"]["cuda_graph"], "ok": False}
+    assert "cap" in rep["paths"]["cuda_graph"]["reason"]
+    assert rep["usable"] == ["eager"]
+
+
+def test_a_frozen_lr_fails_the_check(monkeypatch):
+    """What the real scheduler is there for: a graphed step whose lr stays put disagrees with eager."""
+    import torch
+
+    from flatbnn.engine import graphed
+
+    real_call = graphed.GraphedStep.__call__
+
+    def frozen(self, batch, flatness=None, backprop=None):
+        sched, self.method.scheduler = self.method.scheduler, None
+        try:
+            return real_call(self, batch, flatness, backprop)
+        finally:
+            self.method.scheduler = sched
+
+    monkeypatch.setattr(graphed.GraphedStep, "__call__", frozen)
+    rec = selfcheck.check_path(selfcheck.BY_NAME["cuda_graph"], torch.device("cpu"), dry=True)
+    assert not rec["ok"] and "differ from eager" in rec["reason"]
+
+
+def _repo_results_state() -> str:
+    return subprocess.run(["git", "status", "--porcelain", "--ignored", "results", ".device"], cwd=REPO,
+                          capture_output=True, text=True).stdout
+
+
+@pytest.fixture(scope="module")
+def dry_window(tmp_path_factory):
+    """The whole chain on the CPU, one path forced past its cap (sam_m8_batched), then restored."""
+    base = tmp_path_factory.mktemp("window")
+    out = base / "OUT"
+    before = _repo_results_state()
+    r = subprocess.run([sys.executable, "-m", "flatbnn.bench.window", "--dry-run", "--minutes", "4", "--out",
+                        str(out), "--work", str(base / "work"), "--cap", "sam_m8_batched=0"],
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rr = subprocess.run([sys.executable, "-m", "flatbnn.bench.window_host", "restore", str(out)], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+    assert rr.returncode == 0, rr.stderr[-2000:]
+    assert _repo_results_state() == before  # a dry window never writes the repository's results/ or .device/
+    return out, base / "work"
+
+
+def test_dry_window_output_within_the_device_limits(dry_window):
+    out, _ = dry_window
+    files = {f.name: f.stat().st_size for f in out.iterdir() if f.is_file()}
+    assert set(window.OUT_FILES) <= set(files) and len(files) <= window.MAX_FILES
+    assert all(0 < b <= window.FILE_LIMIT for b in files.values())
+    summary = json.loads((out / "window.json").read_text())
+    # what the summary saw is what came back (the log grows by its last line after it)
+    assert {k: v for k, v in summary["files"].items() if k != "window.log"} == \
+        {k: v for k, v in files.items() if k not in ("window.json", "window.log")}
+    t = summary["timeline"]
+    assert t["data"] <= t["selfcheck"] <= t["procs"] <= t["campaign"] <= t["packed"]
+    assert summary["campaign_exit"] in (0, 75), (out / "window.log").read_text()[-3000:]
+    with tarfile.open(out / "campaign.tgz") as tar:
+        names = tar.getnames()
+    assert any(n.startswith("results/bsam_t6/paper/runs/") and n.endswith("results.json") for n in names)
+
+
+def test_dry_window_never_uses_the_failed_path(dry_window):
+    out, work = dry_window
+    sc = json.loads((out / "selfcheck.json").read_text())
+    assert not sc["paths"]["sam_m8_batched"]["ok"] and "cap" in sc["paths"]["sam_m8_batched"]["reason"]
+    assert "sam_m8_batched" not in sc["usable"] and "eager" in sc["usable"]
+    assert sc["procs"]["chosen"] in (1, 2) and set(sc["procs"]["aggregate_img_s"]) == {"1", "2"}
+    log = (out / "window.log").read_text()
+    assert "campaign on cpu:" in log and "bsam_t6/" in log
+    assert "flatness.batched_chunks=true" not in log  # the queue's per-job step paths
+    cfgs = list((work / "outputs").glob("bsam_t6/paper/*/*/*/seed*/config_resolved.yaml"))
+    assert cfgs and not any("batched_chunks: true" in c.read_text() for c in cfgs)
+
+
+def test_dry_restore_puts_records_where_compare_reads_them(dry_window):
+    from flatbnn.reproduce import archive
+
+    out, _ = dry_window
+    restored = out / "restored"
+    sc = list((restored / "bench").glob("cpu-*-selfcheck-*.json"))
+    assert len(sc) == 1 and json.loads(sc[0].read_text())["window"]["dry_run"] is True
+    recs = list((restored / "results").glob("bsam_t6/paper/runs/*/*/*/seed*/results.json"))
+    assert recs
+    rec = recs[0].parent
+    cell, seed = "/".join(rec.relative_to(restored / "results" / "bsam_t6" / "paper" / "runs").parts[:-1]), \
+        int(rec.name[4:])
+    assert archive.archived(restored / "results", "bsam_t6", "paper", cell, seed) == rec
+    assert (restored / "results" / "bsam_t6" / "paper.md").is_file()  # the comparison, regenerated
+
+
+
+def test_bad_input_is_one_line_exit_2(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "flatbnn.bench.window_host", "restore", str(tmp_path)], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "selfcheck.json" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "flatbnn.bench.window", "--minutes", "12", "--out", str(tmp_path)],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "10 minutes" in r.stderr
+
+
+def test_the_printed_command_fits_the_device_tool():
+    cmd = window_host.command(9.5, "bsam_t6,hwa_fig1,bsam_t3")
+    assert len(cmd) <= window_host.COMMAND_LIMIT
+    assert cmd.startswith("python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/wheels/*.whl "
+                          "&& export PYTHONPATH=/tmp/site:$PWD")
+    assert "--data-dir .device --out $OUT" in cmd
+
+
+def test_restore_queues_unfinished_runs_for_the_next_window(tmp_path):
+    """An archive holding an unfinished run dir: the run goes back into its row's run dir and the archive becomes
+    .device/resume.tgz (the next window's --restore); an output without unfinished runs removes the stale one."""
+    import io
+
+    src = tmp_path / "OUT"
+    src.mkdir()
+    window_json = {"dry_run": False, "files": {}}
+    (src / "window.json").write_text(json.dumps(window_json))
+    (src / "selfcheck.json").write_text(json.dumps({"versions": {"device": "NVIDIA H100 80GB HBM3",
+                                                                  "date": "2026-11-27 16:00:00", "commit": "abc1234"},
+                                                     "paths": {}, "usable": []}))
+    ckpt = b"checkpoint bytes"
+    with tarfile.open(src / "campaign.tgz", "w:gz") as tar:
+        info = tarfile.TarInfo("runs/bsam_t6/mnist/mlp/sgd/seed0/checkpoints/last.pt")
+        info.size = len(ckpt)
+        tar.addfile(info, io.BytesIO(ckpt))
+    roots = dict(results_root=tmp_path / "results", runs_root=tmp_path / "outputs", bench_dir=tmp_path / "bench",
+                 device_dir=tmp_path / "device")
+    got = window_host.restore(src, **roots, log=lambda s: None)
+    run = tmp_path / "outputs" / "bsam_t6" / "paper" / "mnist" / "mlp" / "sgd" / "seed0"
+    assert got["restored_runs"] == [str(run)] and (run / "checkpoints" / "last.pt").read_bytes() == ckpt
+    resume = tmp_path / "device" / "resume.tgz"
+    assert got["resume"] == str(resume) and resume.read_bytes() == (src / "campaign.tgz").read_bytes()
+    assert (tmp_path / "bench" / "nvidia-h100-80gb-hbm3-2026-11-27-selfcheck-abc1234.json").is_file()
+    with tarfile.open(src / "campaign.tgz", "w:gz"):
+        pass  # the next window finished everything: no runs/ left
+    assert window_host.restore(src, **roots, log=lambda s: None)["resume"] is None and not resume.exists()

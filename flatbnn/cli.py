@@ -8,7 +8,7 @@ import functools
 import re
 
 EXIT_CONFIG = 2      # bad config, missing data set, unreadable checkpoint, diverged run
-EXIT_PREEMPTED = 75  # SIGTERM/SIGUSR1/SIGUSR2: checkpointed; rerun (or requeue) to resume
+EXIT_PREEMPTED = 75  # SIGTERM/SIGUSR1/SIGUSR2/SIGHUP: checkpointed; rerun (or requeue) to resume
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT): checkpointed like SIGTERM (a second Ctrl-C: at once); rerun to resume
 
 
@@ -76,12 +76,112 @@ def _fs_line(e: OSError) -> str:
         return (f"cannot write the decoded-data cache{where}: {e.strerror or type(e).__name__}; point $FLATBNN_CACHE "
                 f"(or dataset.cache_dir=<dir>) at a writable folder with space, or dataset.cache_dir=false")
     if e.errno in {getattr(errno, "ENOSPC", -1), getattr(errno, "EDQUOT", -1)}:
-        hint = "free space, then rerun the same command (it resumes)"
+        hint = "free space, then rerun (a run resumes from its last checkpoint)"
     elif e.errno == errno.ENOTDIR:
         hint = "part of that path is a file, not a directory; put the run elsewhere with hydra.run.dir=<dir>"
     else:
         hint = "make it writable or put the run elsewhere with hydra.run.dir=<dir>"
     return f"cannot write{where}: {e.strerror or type(e).__name__}; {hint}"
+
+
+# ---------------------------------------------------------------------------------------------- stop signals
+def exit_on_stop_signals() -> None:
+    """Whenever no job runs -- the entry point's imports, Hydra composing, between a sweep's jobs (a job installs
+    its own handlers, engine/preemption.py, and puts these back) -- a stop signal (SIGTERM / SIGUSR1 / SIGUSR2 /
+    SIGHUP: 75; Ctrl-C: 130) ends the process at once with one line: nothing of a job is running, so nothing is
+    lost. Without this a Ctrl-C during the imports is a traceback (exit 1), and SIGTERM between jobs kills the
+    sweep (exit -15, which a caller takes for a failure)."""
+    import signal
+    import sys
+
+    def stopped(signum, frame):
+        sweep = ""
+        if "hydra.core.hydra_config" in sys.modules:  # a sweep between jobs: its command, the sweep dir pinned
+            try:
+                from hydra.core.hydra_config import HydraConfig
+                if HydraConfig.initialized():
+                    cmd = resume_command(HydraConfig.get().runtime.output_dir)
+                    sweep = f"; finished jobs are kept; to go on: {cmd}" if cmd else ""
+            except Exception:  # noqa: BLE001 -- a half-imported Hydra: the line without the command
+                pass
+        print(f"flatbnn: stopped by {signal.Signals(signum).name} while no job was running" + sweep,
+              file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_INTERRUPTED if signum == signal.SIGINT else EXIT_PREEMPTED)
+
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGINT):
+        try:
+            signal.signal(sig, stopped)
+        except ValueError:  # not the main thread: the caller's signals stay its own
+            return
+
+
+# ---------------------------------------------------------------------------------------------- the way back
+_COMMAND: list[str] | None = None  # sys.argv as the entry point got it (before train.py adds rank > 0 overrides)
+
+
+def remember_command() -> None:
+    """Keep this process's command line for :func:`resume_command` (entry points call it first)."""
+    import sys
+    global _COMMAND
+    _COMMAND = list(sys.argv)
+
+
+def _program(argv0: str) -> list[str]:
+    """How the user started this program: ``python train.py``, ``python -m flatbnn.train``, ``flatbnn-train``;
+    under torchrun its launcher in front (one node: the same command; several: the rendezvous flags are theirs)."""
+    import os
+    import shutil
+    import sys
+    python = "python" if shutil.which("python") == sys.executable else sys.executable
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name:
+        prog = [python, "-m", spec.name.removesuffix(".__main__")]
+    elif argv0.endswith(".py"):
+        prog = [python, argv0]
+    else:  # an installed console script
+        prog = [os.path.basename(argv0) if shutil.which(os.path.basename(argv0)) == argv0 else argv0]
+    world, local = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+    if world > 1:
+        local = local or world
+        nodes = [f"--nnodes={world // local}", "<the same rendezvous flags>"] if world > local else ["--standalone"]
+        prog = ["torchrun", *nodes, f"--nproc_per_node={local}", *(prog[1:] if prog[0] == python else prog)]
+    return prog
+
+
+def _hydra_value(value: str) -> str:
+    """``value`` as a Hydra override value: quoted where the override grammar would read it otherwise (``,``
+    makes a sweep, ``$``, spaces, brackets, quotes)."""
+    if re.fullmatch(r"[\w./:@~+-]+", value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def resume_command(run_dir, extra: list[str] | tuple = ()) -> str | None:
+    """The command that resumes the run in ``run_dir``, to paste into a shell: this process's command line with
+    its run dir pinned -- a plain run's dir is timestamped (``hydra.run.dir``; a sweep's: ``hydra.sweep.dir``),
+    so the very same command would start a new run at epoch 1 -- and ``extra`` overrides (each replaces the
+    same key). None outside a Hydra job (``run()`` called from Python)."""
+    import shlex
+    from pathlib import Path
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if _COMMAND is None or not HydraConfig.initialized():
+        return None
+    hc = HydraConfig.get()
+    run_dir = Path(run_dir).resolve()
+    if hc.mode == RunMode.MULTIRUN:  # the sweep, pinned: its finished members say so, the others resume
+        subdir = Path(str(hc.sweep.subdir))
+        key, where = "hydra.sweep.dir", run_dir
+        for _ in subdir.parts:
+            where = where.parent
+    else:
+        key, where = "hydra.run.dir", run_dir
+    pinned = [f"{key}={_hydra_value(str(where))}", *extra]
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in pinned}
+    args = [a for a in _COMMAND[1:] if a.split("=", 1)[0].lstrip("+~") not in keys]
+    return shlex.join(_program(_COMMAND[0]) + args + pinned)
 
 
 def _closest(word: str, options, n: int = 3) -> list[str]:

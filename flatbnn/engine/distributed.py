@@ -84,7 +84,7 @@ def dist_failure_line(exc: BaseException, timeout_s: float | None) -> str | None
     limit = f"{timeout_s:g} s" if timeout_s is not None else "torch's default"
     return (f"rank {rank}: DDP rendezvous or collective failed (limit trainer.dist_timeout_s = {limit}): another "
             f"rank stalled, died or never arrived [{type(exc).__name__}: {text[:160]}]; the last checkpoint is "
-            f"intact -- rerun the same command to resume")
+            f"intact: resume from it")
 
 
 def resolve_device(spec: str) -> torch.device:

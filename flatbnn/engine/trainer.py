@@ -24,9 +24,9 @@ from tqdm.auto import tqdm
 
 from flatbnn.engine import distributed as D
 from flatbnn.engine.backprop import global_rng_state, set_global_rng_state
-from flatbnn.engine.checkpoint import CheckpointError, checkpoint_problem, link_checkpoint, save_checkpoint
+from flatbnn.engine.checkpoint import (CHECKPOINT_FORMAT, CheckpointError, checkpoint_problem, link_checkpoint,
+                                      save_checkpoint)
 
-CHECKPOINT_FORMAT = 1
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again" -- requeue the job, it resumes from the checkpoint
 
 
@@ -40,9 +40,10 @@ class Preempted(Exception):
         self.signum = signum  # which signal stopped the run (train.py hands SIGUSR2 on to submitit's requeue)
 
 
-# SIGTERM / SIGUSR1 (SLURM preemption, `scancel --signal`), SIGUSR2 (submitit's time-limit / preemption signal) and
-# SIGINT (Ctrl-C: the same stop, exit 130; a second Ctrl-C stops at once)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
+# SIGTERM / SIGUSR1 (SLURM preemption, `scancel --signal`), SIGUSR2 (submitit's time-limit / preemption signal),
+# SIGHUP (the terminal closed: like SIGTERM, exit 75) and SIGINT (Ctrl-C: the same stop, exit 130; a second Ctrl-C
+# stops at once)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGINT)
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for Ctrl-C
 
 
@@ -296,7 +297,7 @@ class Trainer:
                             "seconds": seconds_before + seconds})
                         raise Preempted(f"stopped by {signal.Signals(stop.signum).name} at epoch {epoch + 1}, "
                                         f"step {self.step_in_epoch} of {steps_per_epoch}; checkpoint "
-                                        f"{self.ckpt_path}; rerun the same command to resume", stop.signum)
+                                        f"{self.ckpt_path}", stop.signum)  # the entry point adds the command that resumes
                 loss_sum += self._read_losses(pending, epoch, bar, method)
                 bar.close()
                 method.on_epoch_end(epoch)
@@ -345,7 +346,7 @@ class Trainer:
                 raise Diverged(
                     f"non-finite loss ({loss}) at epoch {epoch + 1}, step {self.step_in_epoch - back} "
                     f"(global step {self.global_step - back}, lr {pending[i][1] if pending[i][1] is not None else method.lr():.3g}); "
-                    f"{self._rewind_after_divergence()}; rerun the same command with a lower optimizer.lr and "
+                    f"{self._rewind_after_divergence()}; rerun with a lower optimizer.lr and "
                     f"trainer.resume_overrides=[optimizer.lr] (likewise flatness.rho, or trainer.precision=fp32)")
         pending.clear()
         bar.set_postfix(loss=f"{losses[-1]:.4f}", lr=f"{method.lr():.3g}", refresh=False)

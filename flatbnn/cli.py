@@ -95,15 +95,8 @@ def exit_on_stop_signals() -> None:
     import sys
 
     def stopped(signum, frame):
-        sweep = ""
-        if "hydra.core.hydra_config" in sys.modules:  # a sweep between jobs: its command, the sweep dir pinned
-            try:
-                from hydra.core.hydra_config import HydraConfig
-                if HydraConfig.initialized():
-                    cmd = resume_command(HydraConfig.get().runtime.output_dir)
-                    sweep = f"; finished jobs are kept; to go on: {cmd}" if cmd else ""
-            except Exception:  # noqa: BLE001 -- a half-imported Hydra: the line without the command
-                pass
+        # a sweep between jobs (Hydra holds no job config then): the command its last job gave, sweep dir pinned
+        sweep = f"; finished jobs are kept; to go on: {_SWEEP_COMMAND}" if _SWEEP_COMMAND else ""
         print(f"flatbnn: stopped by {signal.Signals(signum).name} while no job was running" + sweep,
               file=sys.stderr, flush=True)
         raise SystemExit(EXIT_INTERRUPTED if signum == signal.SIGINT else EXIT_PREEMPTED)
@@ -117,6 +110,13 @@ def exit_on_stop_signals() -> None:
 
 # ---------------------------------------------------------------------------------------------- the way back
 _COMMAND: list[str] | None = None  # sys.argv as the entry point got it (before train.py adds rank > 0 overrides)
+_SWEEP_COMMAND: str | None = None  # a --multirun's command with its sweep dir pinned, once a job has started
+
+
+def remember_sweep(run_dir) -> None:
+    """In a sweep's job: keep the command that goes on with the sweep, for a stop between its jobs."""
+    global _SWEEP_COMMAND
+    _SWEEP_COMMAND = resume_command(run_dir)
 
 
 def remember_command() -> None:
@@ -170,14 +170,12 @@ def resume_command(run_dir, extra: list[str] | tuple = ()) -> str | None:
     if _COMMAND is None or not HydraConfig.initialized():
         return None
     hc = HydraConfig.get()
-    run_dir = Path(run_dir).resolve()
     if hc.mode == RunMode.MULTIRUN:  # the sweep, pinned: its finished members say so, the others resume
-        subdir = Path(str(hc.sweep.subdir))
-        key, where = "hydra.sweep.dir", run_dir
-        for _ in subdir.parts:
+        key, where = "hydra.sweep.dir", Path(run_dir).resolve()
+        for _ in Path(str(hc.sweep.subdir)).parts:  # a member's dir is <sweep dir>/<subdir>
             where = where.parent
     else:
-        key, where = "hydra.run.dir", run_dir
+        key, where = "hydra.run.dir", Path(run_dir).resolve()
     pinned = [f"{key}={_hydra_value(str(where))}", *extra]
     keys = {o.split("=", 1)[0].lstrip("+~") for o in pinned}
     args = [a for a in _COMMAND[1:] if a.split("=", 1)[0].lstrip("+~") not in keys]
@@ -245,15 +243,19 @@ def yaml_error_line(exc: BaseException) -> str | None:
     return None
 
 
-def remove_stray_run_dir(run_dir) -> bool:
-    """A run refused before it trained leaves only what Hydra made for it (``.hydra/*.yaml`` and an empty
-    ``train.log``): remove that, and the dir if it is then empty, so nothing looks like a run there."""
+def remove_stray_run_dir(run_dir, dated_parents: int = 0) -> bool:
+    """A run refused before it trained leaves only what Hydra made for it (``.hydra/*.yaml``, an empty
+    ``train.log``, and an empty ``.flatbnn/`` where the refusal came after the lock was taken and given back):
+    remove that, and the dir if it is then empty, so nothing looks like a run there; then its ``dated_parents``
+    nearest parents (``outputs/<date>``: made for this run by ``hydra.run.dir``'s ``${now:}`` parts) where they
+    are empty. Never a dir that holds anything else."""
+    import os
     from pathlib import Path
     run_dir = Path(run_dir)
     hydra_files = {"config.yaml", "hydra.yaml", "overrides.yaml"}
     try:
         entries = {p.name for p in run_dir.iterdir()}
-        if not entries <= {".hydra", "train.log"}:
+        if not entries <= {".hydra", "train.log", ".flatbnn"}:
             return False
         log = run_dir / "train.log"
         if log.exists() and log.stat().st_size:
@@ -261,15 +263,43 @@ def remove_stray_run_dir(run_dir) -> bool:
         hydra_dir = run_dir / ".hydra"
         if hydra_dir.exists() and not {p.name for p in hydra_dir.iterdir()} <= hydra_files:
             return False
+        own = run_dir / ".flatbnn"
+        if own.exists() and any(own.iterdir()):
+            return False
         for name in hydra_files:
             (hydra_dir / name).unlink(missing_ok=True)
-        if hydra_dir.exists():
-            hydra_dir.rmdir()
+        for d in (hydra_dir, own):
+            if d.exists():
+                d.rmdir()
         log.unlink(missing_ok=True)
         run_dir.rmdir()
-        return True
     except OSError:
         return False
+    parent = run_dir.parent
+    for _ in range(dated_parents):
+        try:
+            os.rmdir(parent)  # only an empty dir: anything else in it (another run) keeps it
+        except OSError:
+            break
+        parent = parent.parent
+    return True
+
+
+def dated_run_dir_parents() -> int:
+    """How many parents of this Hydra job's run dir are named by ``${now:...}`` (the default ``hydra.run.dir``
+    ``outputs/${now:%Y-%m-%d}/${now:%H-%M-%S-%f}``: 1, the date), i.e. were made for runs, not by the user."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from omegaconf import OmegaConf
+        raw = str(OmegaConf.to_container(HydraConfig.get().run, resolve=False)["dir"])
+    except Exception:  # noqa: BLE001 -- no Hydra job: none
+        return 0
+    parts = raw.replace("\\", "/").split("/")[:-1]  # the run dir's own name is removed anyway
+    n = 0
+    while parts and "${now:" in parts[-1]:
+        parts.pop()
+        n += 1
+    return n
 
 
 def install_hydra_error_handler() -> None:

@@ -26,8 +26,8 @@ from omegaconf import DictConfig  # noqa: E402
 
 from flatbnn import resources  # noqa: E402
 from flatbnn.cli import (EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_PREEMPTED, exit_if_members_failed,  # noqa: E402
-                         install_hydra_error_handler, one_line_error, remember_command, remove_stray_run_dir,
-                         resume_command)
+                         dated_run_dir_parents, install_hydra_error_handler, one_line_error, remember_command,
+                         remember_sweep, remove_stray_run_dir, resume_command)
 
 
 def _nonzero_rank_overrides() -> None:
@@ -93,6 +93,8 @@ def main(cfg: DictConfig) -> float | None:
     with preemption.JobSignals() as guard:
         try:
             run_dir = _join(cfg)
+            if _in_multirun():
+                remember_sweep(run_dir)  # what a stop between this job and the next prints
             results_path = run_dir / "results.json"
             before = preemption.mtime(results_path)
             _check_composition(cfg)
@@ -162,8 +164,8 @@ def _failed(e: Exception, msg: str | None, dist_line: str | None, run_dir_from_h
         if resume is not None:  # trained, then failed: the run dir holds its checkpoint; say how to go on
             _say(f"flatbnn: error: {msg}", results_path, way_back=True, **resume)
             sys.exit(EXIT_CONFIG)
-        if int(os.environ.get("RANK", "0")) == 0:  # refused before it trained: no stray run dir
-            remove_stray_run_dir(run_dir_from_hydra())
+        if int(os.environ.get("RANK", "0")) == 0:  # refused before it trained: no stray run dir (nor outputs/<date>)
+            remove_stray_run_dir(run_dir_from_hydra(), dated_run_dir_parents())
         print(f"flatbnn: error: {msg}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
     # a sweep member fails alone: its run dir says why, the sweep goes on, the process exits non-zero at the end

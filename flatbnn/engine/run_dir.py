@@ -125,11 +125,15 @@ def claim_run_dir(b: Built) -> Claim:
         if refused:
             shown = ", ".join(f"{k}: {v[0]!r} -> {v[1]!r}" for k, v in list(refused.items())[:6])
             more = f" (+{len(refused) - 6} more)" if len(refused) > 6 else ""
+            holder = _holder(run_dir, b.resume_ckpt if state is not None else None)
+            ways = ("Start the new run elsewhere (hydra.run.dir=...), or start this dir over (trainer.resume=false)"
+                    if holder == run_dir else  # trainer.resume=<another run's checkpoint>
+                    f"Resume it with its own config, or start from its weights only (trainer.resume=false "
+                    f"trainer.init_from={b.resume_ckpt})")
             raise ResumeConfigMismatch(
-                f"{_holder(run_dir, b.resume_ckpt if state is not None else None)} holds a run with another config "
-                f"({source}): {shown}{more}; nothing was overwritten. "
-                f"Start the new run elsewhere (hydra.run.dir=...), or start this dir over (trainer.resume=false), "
-                f"or continue this run with the change applied (trainer.resume_overrides=[{','.join(refused)}])")
+                f"{holder} holds a run with another config ({source}): {shown}{more}; nothing was overwritten. "
+                f"{ways}, or continue that run with the change applied "
+                f"(trainer.resume_overrides=[{','.join(refused)}])")
         if info.is_main:
             _keep_run_dir_config(run_dir, current, cfg)
             for d in (run_dir, run_dir / "checkpoints"):  # results.json's and the checkpoints' temp files

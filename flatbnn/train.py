@@ -126,7 +126,7 @@ def _say(line: str, results_path: Path | None, *, way_back: bool = False, extra:
     if command:
         line += f"; {example or 'to resume'}: {command}"
     if run_dir is not None and int(os.environ.get("RANK", "0")) == 0 and run_dir.is_dir():
-        from flatbnn.runlog import RunReport
+        from flatbnn.engine.report import RunReport
         RunReport(run_dir).note(line)
     else:
         print(line, file=sys.stderr, flush=True)

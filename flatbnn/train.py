@@ -60,6 +60,7 @@ def _join(cfg: DictConfig) -> Path:
     from flatbnn.engine.build import run_dir_from_hydra
 
     D.export_submitit_env()
+    D.end_with_launcher()
     info = D.init_distributed(D.resolve_device(cfg.trainer.device), cfg.trainer.get("dist_timeout_s"))
     return Path(D.broadcast_object(str(run_dir_from_hydra()), info))
 

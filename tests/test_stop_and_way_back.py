@@ -332,3 +332,59 @@ def test_a_bad_override_after_the_double_dash_is_refused_once_before_anything_is
     assert rc == 2 and launched == [], err
     assert len(err) == 1 and "trainer.epochz" in err[0] and "trainer.epochs" in err[0], err  # the closest key
     assert not (out / "sgd").exists() and not (out / ".hydra_cells").exists()
+
+
+# ------------------------------------------------------------------ DDP: workers end with their launcher, in time
+def _children(pid: int) -> list[int]:
+    kids = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        kids += [int(x) for x in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_ddp_workers_checkpoint_and_end_within_30_s_when_their_launcher_is_killed_even_with_slow_steps(tmp_path):
+    """torchrun starts its workers in sessions of their own: a Ctrl-C or a signal to the job's process group
+    reaches only the launcher. Killed (SIGKILL, OOM), it can no longer stop them: they must stop by themselves
+    (SIGTERM on their parent's death), checkpoint and end -- within torchrun's own 30 s grace, although 50 steps
+    (the agreement interval of a fast run) take 40 s here."""
+    import time
+    run, log = tmp_path / "run", tmp_path / "torchrun.log"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py"),
+           *SMALL, "trainer.device=cpu", "trainer.epochs=500", "trainer.eval_every=0", f"hydra.run.dir={run}"]
+    with open(log, "w") as out:
+        agent = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                 env=_env("slow_steps:0.8"))
+    workers = []
+    try:
+        t0 = time.monotonic()
+        while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().strip()):
+            assert agent.poll() is None and time.monotonic() - t0 < 240, log.read_text()[-3000:]
+            time.sleep(0.2)
+        workers = _children(agent.pid)
+        assert len(workers) == 2, workers
+        agent.kill()
+        agent.wait(timeout=10)
+        killed = time.monotonic()
+        while any(_alive(w) for w in workers) and time.monotonic() - killed < 60:
+            time.sleep(0.2)
+        took = time.monotonic() - killed
+    finally:
+        for pid in workers + ([agent.pid] if agent.poll() is None else []):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    text = log.read_text()
+    assert took < 30, (took, text[-3000:])
+    assert text.count("flatbnn: stopped by SIGTERM at epoch") == 2, text[-3000:]  # each rank: one line
+    import torch
+    state = torch.load(run / "checkpoints" / "last.pt", weights_only=False)
+    assert state["step_in_epoch"] > 0 and state["world_size"] == 2  # the stop's mid-epoch checkpoint

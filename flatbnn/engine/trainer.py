@@ -45,6 +45,7 @@ class Preempted(Exception):
 # stops at once)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGINT)
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for Ctrl-C
+STOP_AGREE_SECONDS = 5.0  # DDP: the ranks agree on a stop at least this often (well inside torchrun's 30 s grace)
 
 
 def ignore_stop_signals(worker_id: int | None = None) -> None:
@@ -154,6 +155,8 @@ class Trainer:
         # replaces method.train_step when set (trainer.cuda_graph: engine/graphed.py's GraphedStep)
         self.train_step = None
         self._epoch_sums: dict | None = None  # the resumed epoch's running sums (restore)
+        self._next_agreement: int | None = None  # DDP: the global step at which the ranks next agree on a stop
+        self._agreed_at: tuple[int, float] | None = None  # (global step, time) of the last agreement
 
     # ---------------------------------------------------------------- state
     def state(self, method, backprop, generator, extra: dict, epoch_sums: dict | None = None) -> dict:
@@ -358,9 +361,18 @@ class Trainer:
     def _stop_requested(self, stop: _StopFlag) -> bool:
         if not self.info.enabled:
             return stop.raised
-        # every rank must stop at the same step, which costs a collective and a host read: agreed only every
-        # log_every global steps (the same steps on every rank), so a signal is honoured within log_every steps
-        if self.global_step % self.log_every:
+        # every rank must stop at the same step, which costs a collective and a host read: agreed at most every
+        # log_every global steps, and at least every STOP_AGREE_SECONDS -- torchrun kills a worker 30 s after its
+        # SIGTERM, and 50 slow steps take longer. The next agreement's step comes from the all-reduced mean step
+        # time, so every rank picks the same one.
+        if self._next_agreement is None:
+            self._next_agreement, self._agreed_at = self.global_step, (self.global_step, time.perf_counter())
+        if self.global_step < self._next_agreement:
             return False
-        flag = D.all_reduce_sum([float(stop.raised)], self.info, self.device)[0]
+        steps, seconds = self.global_step - self._agreed_at[0], time.perf_counter() - self._agreed_at[1]
+        flag, step_seconds = D.all_reduce_sum([float(stop.raised), seconds / max(steps, 1) / self.info.world_size],
+                                              self.info, self.device)
+        interval = 1 if steps == 0 else min(self.log_every, max(  # the first: one step, to time it
+            1, int(STOP_AGREE_SECONDS / max(step_seconds, 1e-9))))
+        self._next_agreement, self._agreed_at = self.global_step + interval, (self.global_step, time.perf_counter())
         return flag > 0

@@ -92,7 +92,23 @@ def _another_process_rewrites_hydra_files() -> None:
     run.claim_run_dir = patched
 
 
-if _NAME == "stop_at_step":
+def _slow_steps(seconds: float) -> None:
+    """Each training step takes ``seconds`` longer (a big model on a slow device)."""
+    import time
+
+    from flatbnn.engine.trainer import Trainer
+    to_device = Trainer.to_device
+
+    def patched(self, batch):
+        time.sleep(seconds)
+        return to_device(self, batch)
+
+    Trainer.to_device = patched
+
+
+if _NAME == "slow_steps":
+    _slow_steps(float(_ARG))
+elif _NAME == "stop_at_step":
     _stop_at_step(int(_ARG))
 elif _NAME == "sigterm_after_first_job" and "--multirun" in sys.argv:
     _sigterm_after_first_job(_ARG)

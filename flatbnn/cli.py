@@ -85,7 +85,7 @@ def _fs_line(e: OSError) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- stop signals
-def exit_on_stop_signals() -> None:
+def exit_on_stop_signals(when: str = "while no job was running") -> None:
     """Whenever no job runs -- the entry point's imports, Hydra composing, between a sweep's jobs (a job installs
     its own handlers, engine/preemption.py, and puts these back) -- a stop signal (SIGTERM / SIGUSR1 / SIGUSR2 /
     SIGHUP: 75; Ctrl-C: 130) ends the process at once with one line: nothing of a job is running, so nothing is
@@ -97,7 +97,7 @@ def exit_on_stop_signals() -> None:
     def stopped(signum, frame):
         # a sweep between jobs (Hydra holds no job config then): the command its last job gave, sweep dir pinned
         sweep = f"; finished jobs are kept; to go on: {_SWEEP_COMMAND}" if _SWEEP_COMMAND else ""
-        print(f"flatbnn: stopped by {signal.Signals(signum).name} while no job was running" + sweep,
+        print(f"flatbnn: stopped by {signal.Signals(signum).name} {when}" + sweep,
               file=sys.stderr, flush=True)
         raise SystemExit(EXIT_INTERRUPTED if signum == signal.SIGINT else EXIT_PREEMPTED)
 

@@ -280,11 +280,12 @@ def test_a_refused_plain_run_leaves_no_empty_dated_dir_but_keeps_one_that_holds_
     p = _train(SMALL + ["seed=-1"], work)
     assert p.returncode == 2 and "seed=-1" in p.stderr.strip().splitlines()[-1], p.stderr[-2000:]
     assert list((work / "outputs").iterdir()) == []
-    # the date dir holding another run stays (only empty dirs are removed)
-    mine = work / "outputs" / "keep" / "other"
-    mine.mkdir(parents=True)
-    p = _train(SMALL + ["seed=-1", "hydra.run.dir=outputs/keep/${now:%H-%M-%S-%f}"], work)
-    assert p.returncode == 2 and [x.name for x in (work / "outputs" / "keep").iterdir()] == ["other"]
+    # a date dir that holds another run stays (only empty dirs are removed)
+    from datetime import datetime
+    today = work / "outputs" / datetime.now().strftime("%Y-%m-%d")  # Hydra's ${now:%Y-%m-%d}, local time
+    (today / "other").mkdir(parents=True)
+    p = _train(SMALL + ["seed=-1"], work)
+    assert p.returncode == 2 and [x.name for x in today.iterdir()] == ["other"], list(today.rglob("*"))
 
 
 # ------------------------------------------------------------------ non-numeric metrics are said so

@@ -6,7 +6,11 @@
     torchrun --nproc_per_node=2 train.py trainer.batch_size=128 ...   (DDP; batch_size is global)
 """
 
-from flatbnn.train import cli
+from flatbnn.cli import exit_on_stop_signals
+
+exit_on_stop_signals()  # before the slow imports: a stop signal during them is one line, 75 / 130
+
+from flatbnn.train import cli  # noqa: E402
 
 if __name__ == "__main__":
     cli()

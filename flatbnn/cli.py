@@ -8,7 +8,7 @@ import functools
 import re
 
 EXIT_CONFIG = 2      # bad config, missing data set, unreadable checkpoint, diverged run
-EXIT_PREEMPTED = 75  # SIGTERM/SIGUSR1/SIGUSR2: checkpointed; rerun (or requeue) to resume
+EXIT_PREEMPTED = 75  # SIGTERM/SIGUSR1/SIGUSR2/SIGHUP: checkpointed; rerun (or requeue) to resume
 EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT): checkpointed like SIGTERM (a second Ctrl-C: at once); rerun to resume
 
 
@@ -76,12 +76,110 @@ def _fs_line(e: OSError) -> str:
         return (f"cannot write the decoded-data cache{where}: {e.strerror or type(e).__name__}; point $FLATBNN_CACHE "
                 f"(or dataset.cache_dir=<dir>) at a writable folder with space, or dataset.cache_dir=false")
     if e.errno in {getattr(errno, "ENOSPC", -1), getattr(errno, "EDQUOT", -1)}:
-        hint = "free space, then rerun the same command (it resumes)"
+        hint = "free space, then rerun (a run resumes from its last checkpoint)"
     elif e.errno == errno.ENOTDIR:
         hint = "part of that path is a file, not a directory; put the run elsewhere with hydra.run.dir=<dir>"
     else:
         hint = "make it writable or put the run elsewhere with hydra.run.dir=<dir>"
     return f"cannot write{where}: {e.strerror or type(e).__name__}; {hint}"
+
+
+# ---------------------------------------------------------------------------------------------- stop signals
+def exit_on_stop_signals(when: str = "while no job was running") -> None:
+    """Whenever no job runs -- the entry point's imports, Hydra composing, between a sweep's jobs (a job installs
+    its own handlers, engine/preemption.py, and puts these back) -- a stop signal (SIGTERM / SIGUSR1 / SIGUSR2 /
+    SIGHUP: 75; Ctrl-C: 130) ends the process at once with one line: nothing of a job is running, so nothing is
+    lost. Without this a Ctrl-C during the imports is a traceback (exit 1), and SIGTERM between jobs kills the
+    sweep (exit -15, which a caller takes for a failure)."""
+    import signal
+    import sys
+
+    def stopped(signum, frame):
+        # a sweep between jobs (Hydra holds no job config then): the command its last job gave, sweep dir pinned
+        sweep = f"; finished jobs are kept; to go on: {_SWEEP_COMMAND}" if _SWEEP_COMMAND else ""
+        print(f"flatbnn: stopped by {signal.Signals(signum).name} {when}" + sweep,
+              file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_INTERRUPTED if signum == signal.SIGINT else EXIT_PREEMPTED)
+
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGINT):
+        try:
+            signal.signal(sig, stopped)
+        except ValueError:  # not the main thread: the caller's signals stay its own
+            return
+
+
+# ---------------------------------------------------------------------------------------------- the way back
+_COMMAND: list[str] | None = None  # sys.argv as the entry point got it (before train.py adds rank > 0 overrides)
+_SWEEP_COMMAND: str | None = None  # a --multirun's command with its sweep dir pinned, once a job has started
+
+
+def remember_sweep(run_dir) -> None:
+    """In a sweep's job: keep the command that goes on with the sweep, for a stop between its jobs."""
+    global _SWEEP_COMMAND
+    _SWEEP_COMMAND = resume_command(run_dir)
+
+
+def remember_command() -> None:
+    """Keep this process's command line for :func:`resume_command` (entry points call it first)."""
+    import sys
+    global _COMMAND
+    _COMMAND = list(sys.argv)
+
+
+def _program(argv0: str) -> list[str]:
+    """How the user started this program: ``python train.py``, ``python -m flatbnn.train``, ``flatbnn-train``;
+    under torchrun its launcher in front (one node: the same command; several: the rendezvous flags are theirs)."""
+    import os
+    import shutil
+    import sys
+    python = "python" if shutil.which("python") == sys.executable else sys.executable
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name:
+        prog = [python, "-m", spec.name.removesuffix(".__main__")]
+    elif argv0.endswith(".py"):
+        prog = [python, argv0]
+    else:  # an installed console script
+        prog = [os.path.basename(argv0) if shutil.which(os.path.basename(argv0)) == argv0 else argv0]
+    world, local = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0)
+    if world > 1:
+        local = local or world
+        nodes = [f"--nnodes={world // local}", "<the same rendezvous flags>"] if world > local else ["--standalone"]
+        prog = ["torchrun", *nodes, f"--nproc_per_node={local}", *(prog[1:] if prog[0] == python else prog)]
+    return prog
+
+
+def _hydra_value(value: str) -> str:
+    """``value`` as a Hydra override value: quoted where the override grammar would read it otherwise (``,``
+    makes a sweep, ``$``, spaces, brackets, quotes)."""
+    if re.fullmatch(r"[\w./:@~+-]+", value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def resume_command(run_dir, extra: list[str] | tuple = ()) -> str | None:
+    """The command that resumes the run in ``run_dir``, to paste into a shell: this process's command line with
+    its run dir pinned -- a plain run's dir is timestamped (``hydra.run.dir``; a sweep's: ``hydra.sweep.dir``),
+    so the very same command would start a new run at epoch 1 -- and ``extra`` overrides (each replaces the
+    same key). None outside a Hydra job (``run()`` called from Python)."""
+    import shlex
+    from pathlib import Path
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if _COMMAND is None or not HydraConfig.initialized():
+        return None
+    hc = HydraConfig.get()
+    if hc.mode == RunMode.MULTIRUN:  # the sweep, pinned: its finished members say so, the others resume
+        key, where = "hydra.sweep.dir", Path(run_dir).resolve()
+        for _ in Path(str(hc.sweep.subdir)).parts:  # a member's dir is <sweep dir>/<subdir>
+            where = where.parent
+    else:
+        key, where = "hydra.run.dir", Path(run_dir).resolve()
+    pinned = [f"{key}={_hydra_value(str(where))}", *extra]
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in pinned}
+    args = [a for a in _COMMAND[1:] if a.split("=", 1)[0].lstrip("+~") not in keys]
+    return shlex.join(_program(_COMMAND[0]) + args + pinned)
 
 
 def _closest(word: str, options, n: int = 3) -> list[str]:
@@ -145,15 +243,19 @@ def yaml_error_line(exc: BaseException) -> str | None:
     return None
 
 
-def remove_stray_run_dir(run_dir) -> bool:
-    """A run refused before it trained leaves only what Hydra made for it (``.hydra/*.yaml`` and an empty
-    ``train.log``): remove that, and the dir if it is then empty, so nothing looks like a run there."""
+def remove_stray_run_dir(run_dir, dated_parents: int = 0) -> bool:
+    """A run refused before it trained leaves only what Hydra made for it (``.hydra/*.yaml``, an empty
+    ``train.log``, and an empty ``.flatbnn/`` where the refusal came after the lock was taken and given back):
+    remove that, and the dir if it is then empty, so nothing looks like a run there; then its ``dated_parents``
+    nearest parents (``outputs/<date>``: made for this run by ``hydra.run.dir``'s ``${now:}`` parts) where they
+    are empty. Never a dir that holds anything else."""
+    import os
     from pathlib import Path
     run_dir = Path(run_dir)
     hydra_files = {"config.yaml", "hydra.yaml", "overrides.yaml"}
     try:
         entries = {p.name for p in run_dir.iterdir()}
-        if not entries <= {".hydra", "train.log"}:
+        if not entries <= {".hydra", "train.log", ".flatbnn"}:
             return False
         log = run_dir / "train.log"
         if log.exists() and log.stat().st_size:
@@ -161,15 +263,43 @@ def remove_stray_run_dir(run_dir) -> bool:
         hydra_dir = run_dir / ".hydra"
         if hydra_dir.exists() and not {p.name for p in hydra_dir.iterdir()} <= hydra_files:
             return False
+        own = run_dir / ".flatbnn"
+        if own.exists() and any(own.iterdir()):
+            return False
         for name in hydra_files:
             (hydra_dir / name).unlink(missing_ok=True)
-        if hydra_dir.exists():
-            hydra_dir.rmdir()
+        for d in (hydra_dir, own):
+            if d.exists():
+                d.rmdir()
         log.unlink(missing_ok=True)
         run_dir.rmdir()
-        return True
     except OSError:
         return False
+    parent = run_dir.parent
+    for _ in range(dated_parents):
+        try:
+            os.rmdir(parent)  # only an empty dir: anything else in it (another run) keeps it
+        except OSError:
+            break
+        parent = parent.parent
+    return True
+
+
+def dated_run_dir_parents() -> int:
+    """How many parents of this Hydra job's run dir are named by ``${now:...}`` (the default ``hydra.run.dir``
+    ``outputs/${now:%Y-%m-%d}/${now:%H-%M-%S-%f}``: 1, the date), i.e. were made for runs, not by the user."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from omegaconf import OmegaConf
+        raw = str(OmegaConf.to_container(HydraConfig.get().run, resolve=False)["dir"])
+    except Exception:  # noqa: BLE001 -- no Hydra job: none
+        return 0
+    parts = raw.replace("\\", "/").split("/")[:-1]  # the run dir's own name is removed anyway
+    n = 0
+    while parts and "${now:" in parts[-1]:
+        parts.pop()
+        n += 1
+    return n
 
 
 def install_hydra_error_handler() -> None:

@@ -7,7 +7,7 @@ Plain torchrun exits 1 whenever a worker fails, and on SIGTERM its agent raises,
 grace period and loses their exit codes -- so a job whose every worker checkpointed and exited 75 ends as 1.
 This wrapper runs torchrun's own launcher (same rendezvous, same environment for the workers) and
 
-* forwards SIGTERM / SIGUSR1 / SIGUSR2 to the workers and waits: they finish the step, checkpoint, exit 75;
+* forwards SIGTERM / SIGUSR1 / SIGUSR2 / SIGHUP to the workers and waits: they finish the step, checkpoint, exit 75;
 * exits 75 when the workers stopped that way (75, or killed by the agent after a peer exited 75), 0 when all
   finished, else the first failing worker's own code (2 = bad input, 1 = a failure);
 * turns a failed rendezvous (a node that never arrives within ``--rdzv-conf join_timeout=S``, an
@@ -21,7 +21,7 @@ import signal
 import sys
 
 EXIT_PREEMPTED = 75
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 _KILLED = {-signal.SIGTERM, -signal.SIGKILL, 128 + signal.SIGTERM, 128 + signal.SIGKILL}
 
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     # the agent must not turn SIGTERM into "kill every worker": ours forward it and the workers checkpoint
-    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGINT,SIGHUP,SIGQUIT"  # older torch reads only this
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGINT,SIGQUIT"  # older torch reads only this
     if hasattr(args, "signals_to_handle"):  # newer torch: a flag that overwrites the variable
         args.signals_to_handle = os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"]
     for sig in STOP_SIGNALS:

@@ -8,18 +8,26 @@
 
 from __future__ import annotations
 
-import os
-import sys
-import tempfile
-import traceback
-from pathlib import Path
+# first, before the slow imports: a stop signal (Ctrl-C in a terminal, a sweep stopped) while they run ends the
+# process with one line and 75 / 130, not a traceback from inside torch's import. Only as the program
+# (``python -m flatbnn.train``): imported (a submitit job unpickling ``main``) the handlers stay the host's.
+from flatbnn.cli import exit_on_stop_signals  # noqa: I001 (flatbnn.cli imports nothing heavy)
+if __name__ == "__main__":
+    exit_on_stop_signals()
 
-import hydra
-from omegaconf import DictConfig
+import os  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
 
-from flatbnn import resources
-from flatbnn.cli import (EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_PREEMPTED, exit_if_members_failed,
-                         install_hydra_error_handler, one_line_error, remove_stray_run_dir)
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from flatbnn import resources  # noqa: E402
+from flatbnn.cli import (EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_PREEMPTED, exit_if_members_failed,  # noqa: E402
+                         dated_run_dir_parents, install_hydra_error_handler, one_line_error, remember_command,
+                         remember_sweep, remove_stray_run_dir, resume_command)
 
 
 def _nonzero_rank_overrides() -> None:
@@ -52,6 +60,7 @@ def _join(cfg: DictConfig) -> Path:
     from flatbnn.engine.build import run_dir_from_hydra
 
     D.export_submitit_env()
+    D.end_with_launcher()
     info = D.init_distributed(D.resolve_device(cfg.trainer.device), cfg.trainer.get("dist_timeout_s"))
     return Path(D.broadcast_object(str(run_dir_from_hydra()), info))
 
@@ -85,36 +94,79 @@ def main(cfg: DictConfig) -> float | None:
     with preemption.JobSignals() as guard:
         try:
             run_dir = _join(cfg)
+            if _in_multirun():
+                remember_sweep(run_dir)  # what a stop between this job and the next prints
             results_path = run_dir / "results.json"
             before = preemption.mtime(results_path)
             _check_composition(cfg)
             results = run(cfg, run_dir=run_dir)
         except Preempted as e:
-            preemption.stop(e, guard, results=results_path, mtime_before=before, exit_preempted=EXIT_PREEMPTED)
+            preemption.stop(e, guard, results=results_path, mtime_before=before, exit_preempted=EXIT_PREEMPTED,
+                            say=lambda line: _say(line, results_path, way_back=True))
             return None
         except KeyboardInterrupt:  # a second Ctrl-C (or one before the handlers were installed): at once
-            print("flatbnn: interrupted (Ctrl-C twice): stopped at once; the last checkpoint written is kept; "
-                  "rerun the same command to resume from it", file=sys.stderr)
+            _say("flatbnn: interrupted (Ctrl-C twice): stopped at once; the last checkpoint written is kept",
+                 results_path, way_back=True)
             sys.exit(EXIT_INTERRUPTED)
         except Exception as e:  # known, actionable errors become one line; anything else keeps its traceback
             guard.fired = True
             _failed(e, one_line_error(e), dist_failure_line(e, cfg.trainer.get("dist_timeout_s")),
-                    run_dir_from_hydra)
+                    run_dir_from_hydra, cfg)
             return None
     # the return value is what a Hydra sweeper (e.g. Optuna) would optimise
     return None if results is None else results["metrics"].get("nll")
 
 
-def _failed(e: Exception, msg: str | None, dist_line: str | None, run_dir_from_hydra) -> None:
+def _say(line: str, results_path: Path | None, *, way_back: bool = False, extra: list[str] | tuple = (),
+         example: str = "") -> None:
+    """A line about how the run ended, on stderr and (rank 0) in its train.log; ``way_back``: followed by the
+    command that resumes it (:func:`flatbnn.cli.resume_command`; ``extra`` overrides in it, ``example`` says
+    what they are)."""
+    run_dir = None if results_path is None else Path(results_path).parent
+    command = resume_command(run_dir, extra) if way_back and run_dir is not None else None
+    if command:
+        line += f"; {example or 'to resume'}: {command}"
+    if run_dir is not None and int(os.environ.get("RANK", "0")) == 0 and run_dir.is_dir():
+        from flatbnn.engine.report import RunReport
+        RunReport(run_dir).note(line)
+    else:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _resumable(e: Exception, cfg: DictConfig) -> dict | None:
+    """How a run that failed this way is resumed (``_say``'s keywords), or None for a refusal (nothing to resume)."""
+    import errno
+
+    from flatbnn.engine.checkpoint import CheckpointWriteError
+    from flatbnn.engine.trainer import Diverged
+    if isinstance(e, Diverged):
+        from omegaconf import OmegaConf
+        lr = OmegaConf.select(cfg, "optimizer.lr")
+        if isinstance(lr, (int, float)) and not isinstance(lr, bool):
+            return {"extra": [f"optimizer.lr={lr / 10:g}", "trainer.resume_overrides=[optimizer.lr]"],
+                    "example": "e.g. at a tenth of the lr"}
+        return {}
+    if isinstance(e, CheckpointWriteError) or (isinstance(e, OSError) and e.errno in {
+            getattr(errno, "ENOSPC", -1), getattr(errno, "EDQUOT", -1)}):
+        return {}
+    return None
+
+
+def _failed(e: Exception, msg: str | None, dist_line: str | None, run_dir_from_hydra, cfg: DictConfig) -> None:
     """Called inside the ``except`` of ``main``."""
+    results_path = run_dir_from_hydra() / "results.json"
     if dist_line is not None:  # a peer stalled / died / never arrived: not the config's fault; one line, exit 1
-        print(f"flatbnn: error: {dist_line}", file=sys.stderr)
+        _say(f"flatbnn: error: {dist_line}", results_path, way_back=True)
         sys.exit(EXIT_FAILED)
     if not _in_multirun():
         if msg is None:
             raise
-        if int(os.environ.get("RANK", "0")) == 0:  # refused before it trained: no stray run dir
-            remove_stray_run_dir(run_dir_from_hydra())
+        resume = _resumable(e, cfg)
+        if resume is not None:  # trained, then failed: the run dir holds its checkpoint; say how to go on
+            _say(f"flatbnn: error: {msg}", results_path, way_back=True, **resume)
+            sys.exit(EXIT_CONFIG)
+        if int(os.environ.get("RANK", "0")) == 0:  # refused before it trained: no stray run dir (nor outputs/<date>)
+            remove_stray_run_dir(run_dir_from_hydra(), dated_run_dir_parents())
         print(f"flatbnn: error: {msg}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
     # a sweep member fails alone: its run dir says why, the sweep goes on, the process exits non-zero at the end
@@ -135,6 +187,8 @@ def _failed(e: Exception, msg: str | None, dist_line: str | None, run_dir_from_h
 
 def cli() -> None:
     """``train.py`` / ``flatbnn-train`` / ``python -m flatbnn.train``."""
+    remember_command()  # as typed: the stop and failure lines print it back with the run dir pinned
+    exit_on_stop_signals()  # (again: an installed flatbnn-train imported everything before this)
     _nonzero_rank_overrides()
     install_hydra_error_handler()  # an unknown key / group option, a bad override: one line, exit 2
     main()

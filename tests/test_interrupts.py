@@ -93,6 +93,7 @@ def _ckpt_edit(tmp_path, edit, epochs=2):
     (lambda s: s.update(epoch=3), "past this run's 1 epochs"),
     (lambda s: s.update(rng=[]), "'rng' entry holds 0 RNG state"),         # 12: an empty rng list
     (lambda s: s.pop("rng"), "has no 'rng' entry"),                        # 12: a missing key
+    (lambda s: s.update(format=2), "its format is 2, this flatbnn reads format 1"),  # another version's layout
     (lambda s: s["method"]["model"].update({"net.0.weight": torch.zeros(3, 3)}), "does not fit this run"),
 ])
 def test_a_checkpoint_that_does_not_fit_is_one_line_naming_it_and_changes_nothing(tmp_path, edit, needle):
@@ -208,7 +209,8 @@ def _epochs_done(run):
     return len(p.read_text().splitlines()) if p.exists() else 0
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 75), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 75), (signal.SIGINT, 130),
+                                          (signal.SIGHUP, 75)])  # SIGHUP: the terminal closed
 def test_a_stop_signal_to_the_process_group_with_dataloader_workers_checkpoints_and_exits_as_documented(
         tmp_path, signum, code):
     """What SLURM / docker / systemd (SIGTERM) and a terminal (Ctrl-C: SIGINT) do: signal the whole process group,

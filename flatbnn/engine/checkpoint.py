@@ -24,6 +24,10 @@ class CheckpointError(RuntimeError):
     pass
 
 
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (disk full, quota, EIO); the previous one is intact: the run resumes."""
+
+
 def _os_error_in(exc: BaseException) -> OSError | None:
     """The ``OSError`` behind ``exc``: itself, or its cause / context (``torch.save`` reports a failed write
     as ``RuntimeError: [enforce fail at inline_container.cc] ... unexpected pos`` with the ENOSPC as context)."""
@@ -43,9 +47,9 @@ def save_checkpoint(path: Path, state: dict) -> None:
         os_error = _os_error_in(e)
         if os_error is None:
             raise
-        raise CheckpointError(f"could not write checkpoint {path} ({os_error.strerror or os_error}); the previous "
-                              f"checkpoint is intact: free space / fix the file system and rerun the same command "
-                              f"to resume") from None
+        raise CheckpointWriteError(f"could not write checkpoint {path} ({os_error.strerror or os_error}); the "
+                                   f"previous checkpoint is intact: free space / fix the file system, then resume"
+                                   ) from None
 
 
 def link_checkpoint(src: Path, dst: Path) -> None:
@@ -98,6 +102,8 @@ def load_checkpoint(path: Path) -> dict:
     return state
 
 
+CHECKPOINT_FORMAT = 1  # the layout Trainer.state writes; another one is refused, not misread
+
 # what every flatbnn checkpoint holds (trainer.Trainer.state); a missing one is a foreign or hand-edited file
 CHECKPOINT_KEYS = {"epoch": int, "step_in_epoch": int, "global_step": int, "elapsed": (int, float), "method": dict,
                    "backprop": dict, "rng": list}
@@ -106,6 +112,9 @@ CHECKPOINT_KEYS = {"epoch": int, "step_in_epoch": int, "global_step": int, "elap
 def checkpoint_problem(state: dict, world_size: int) -> str | None:
     """What is structurally wrong with a loaded checkpoint (None: nothing found), checked before any of it
     is restored. Tensor shapes are checked when the model loads (strictly) and reported in one line there."""
+    if state.get("format") != CHECKPOINT_FORMAT:
+        return (f"its format is {state.get('format')!r}, this flatbnn reads format {CHECKPOINT_FORMAT} (written by "
+                f"another version of flatbnn, or edited)")
     for key, kind in CHECKPOINT_KEYS.items():
         if key not in state:
             return f"has no {key!r} entry (not a complete flatbnn checkpoint)"

@@ -54,6 +54,25 @@ def export_submitit_env() -> bool:
     return True
 
 
+def end_with_launcher() -> None:
+    """Under torchrun (whose workers run in sessions of their own, out of reach of the terminal's Ctrl-C and of
+    a signal to the job's process group): when the launcher dies -- killed, crashed, its terminal gone -- this
+    worker gets SIGTERM and checkpoints and exits like on any stop, instead of training on as an orphan that
+    holds the device and the run dir's lock (Linux: ``PR_SET_PDEATHSIG``)."""
+    import signal
+    import sys
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # no prctl here: the launcher stops its workers itself
+        return
+    if os.getppid() != parent:  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def init_distributed(device: torch.device, timeout_s: float | None = None) -> DistInfo:
     """Join the process group (idempotent). ``timeout_s`` bounds the rendezvous and every collective;
     None keeps torch's default."""
@@ -84,7 +103,7 @@ def dist_failure_line(exc: BaseException, timeout_s: float | None) -> str | None
     limit = f"{timeout_s:g} s" if timeout_s is not None else "torch's default"
     return (f"rank {rank}: DDP rendezvous or collective failed (limit trainer.dist_timeout_s = {limit}): another "
             f"rank stalled, died or never arrived [{type(exc).__name__}: {text[:160]}]; the last checkpoint is "
-            f"intact -- rerun the same command to resume")
+            f"intact: resume from it")
 
 
 def resolve_device(spec: str) -> torch.device:

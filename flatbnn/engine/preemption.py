@@ -1,10 +1,11 @@
-"""What a stop signal (SIGTERM / SIGUSR1 / SIGUSR2 / SIGINT) does to a whole job, and the exit code it leaves.
+"""What a stop signal (SIGTERM / SIGUSR1 / SIGUSR2 / SIGHUP / SIGINT) does to a whole job, and the exit code it leaves.
 
 Inside the training loop the trainer finishes the step and checkpoints (``trainer.Preempted``). Outside it
 (building, the final evaluation, writing results) :class:`JobSignals` raises ``Preempted`` at once. Then:
 
 * ``results.json`` was written by this run -> the run is complete: exit 0 (nothing to requeue);
-* otherwise -> exit 75 (EX_TEMPFAIL): rerun / requeue the same command and it resumes from the checkpoint;
+* otherwise -> exit 75 (EX_TEMPFAIL): the line gives the command that resumes from the checkpoint (the run dir
+  pinned); a requeue (submitit, SLURM) reruns the job in its own dir;
   Ctrl-C (SIGINT) -> exit 130, the same checkpoint; a second Ctrl-C stops at once (``KeyboardInterrupt``);
 * inside a submitit job, a signal whose handler submitit installed (SIGUSR2: time limit or
   ``job._interrupt()``) is handed to that handler after the checkpoint: submitit resubmits the same Hydra
@@ -97,14 +98,16 @@ def finished_by_this_run(results: Path | None, mtime_before: int | None) -> bool
     return now is not None and now != mtime_before
 
 
-def stop(exc: Preempted, guard: JobSignals, *, results: Path | None, mtime_before: int | None, exit_preempted: int):
+def stop(exc: Preempted, guard: JobSignals, *, results: Path | None, mtime_before: int | None, exit_preempted: int,
+         say=None):
     """Leave the job after a stop signal: return (exit 0) if the results are written, else requeue through
-    submitit or exit ``exit_preempted``."""
+    submitit or exit ``exit_preempted``. ``say(line)`` prints the stop line (train.py: also into train.log, with
+    the command that resumes the run)."""
     guard.fired = True  # from here on, more signals change nothing
     if finished_by_this_run(results, mtime_before):
         print(f"flatbnn: {exc}; {results} is already written: the run is complete", file=sys.stderr)
         return
-    print(f"flatbnn: {exc}", file=sys.stderr)
+    (say or (lambda line: print(line, file=sys.stderr)))(f"flatbnn: {exc}")
     if exc.signum == signal.SIGINT:  # a person stopped it: not a requeue
         sys.exit(INTERRUPTED_EXIT_CODE)
     handler = guard.submitit_handler(exc.signum)

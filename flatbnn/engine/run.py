@@ -87,8 +87,9 @@ def _train_and_evaluate(b: Built, claim: "Claim", t_start: float, git_start: dic
     elif b.init_from is not None and info.is_main:
         RunReport(run_dir).note(f"initialised the model from {b.init_from['path']}")
     if info.is_main:  # the checkpoint restored (or none): from here on this run writes its outputs
+        # any checkpoint of this run dir (last.pt, good.pt, diverged.pt) continues this run: its metrics stay
         move_aside_earlier_outputs(run_dir, resuming=ckpt is not None and _same_path(
-            ckpt, run_dir / "checkpoints" / "last.pt"))
+            Path(ckpt).parent, run_dir / "checkpoints"))
         run_dir.mkdir(parents=True, exist_ok=True)
         trainer.loggers = [JsonlLogger(run_dir, resume_epoch=trainer.epoch)]
         container = OmegaConf.to_container(cfg, resolve=True)

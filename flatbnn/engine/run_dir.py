@@ -125,12 +125,17 @@ def claim_run_dir(b: Built) -> Claim:
         if refused:
             shown = ", ".join(f"{k}: {v[0]!r} -> {v[1]!r}" for k, v in list(refused.items())[:6])
             more = f" (+{len(refused) - 6} more)" if len(refused) > 6 else ""
+            holder = _holder(run_dir, b.resume_ckpt if state is not None else None)
+            ways = ("Start the new run elsewhere (hydra.run.dir=...), or start this dir over (trainer.resume=false)"
+                    if holder == run_dir else  # trainer.resume=<another run's checkpoint>
+                    f"Resume it with its own config, or start from its weights only (trainer.resume=false "
+                    f"trainer.init_from={b.resume_ckpt})")
             raise ResumeConfigMismatch(
-                f"{run_dir} holds a run with another config ({source}): {shown}{more}; nothing was overwritten. "
-                f"Start the new run elsewhere (hydra.run.dir=...), or start this dir over (trainer.resume=false), "
-                f"or continue this run with the change applied (trainer.resume_overrides=[{','.join(refused)}])")
+                f"{holder} holds a run with another config ({source}): {shown}{more}; nothing was overwritten. "
+                f"{ways}, or continue that run with the change applied "
+                f"(trainer.resume_overrides=[{','.join(refused)}])")
         if info.is_main:
-            _keep_run_dir_config(run_dir, current)
+            _keep_run_dir_config(run_dir, current, cfg)
             for d in (run_dir, run_dir / "checkpoints"):  # results.json's and the checkpoints' temp files
                 for p in remove_stale_temp_files(d):
                     print(f"removed {p} (left by a killed write)", file=sys.stderr)
@@ -140,6 +145,16 @@ def claim_run_dir(b: Built) -> Claim:
             lock.release()
         raise
     return Claim(lock=lock, state=state, config=current, changes=changes)
+
+
+def _holder(run_dir: Path, ckpt: Path | None) -> Path:
+    """The run dir whose run ``ckpt`` continues: its own ``<dir>/checkpoints/`` parent (``trainer.resume=<path>``
+    may name another run's checkpoint), else ``run_dir``."""
+    if ckpt is None:
+        return run_dir
+    ckpt = Path(ckpt).resolve()
+    holder = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt.parent
+    return run_dir if holder == Path(run_dir).resolve() else holder
 
 
 def _hydra_output(run_dir: Path) -> Path | None:
@@ -156,15 +171,26 @@ def _hydra_output(run_dir: Path) -> Path | None:
         return None
 
 
-def _keep_run_dir_config(run_dir: Path, container: dict) -> None:
+def _own_hydra_files(cfg) -> dict[str, bytes]:
+    """``.hydra/*.yaml`` as Hydra writes them for this job (hydra.core.utils.run_job), from this process's memory:
+    the files on disk may be another process's, whose Hydra wrote into the same dir before either took the lock."""
+    from hydra.core.hydra_config import HydraConfig
+    hc = HydraConfig.instance().cfg
+    return {"config.yaml": OmegaConf.to_yaml(cfg).encode(), "hydra.yaml": OmegaConf.to_yaml(hc).encode(),
+            "overrides.yaml": OmegaConf.to_yaml(hc.hydra.overrides.task).encode()}
+
+
+def _keep_run_dir_config(run_dir: Path, container: dict, cfg) -> None:
+    """This run's config in its run dir: ``config_resolved.yaml``, and Hydra's files (``.hydra/``, and the copy
+    in ``.flatbnn/hydra/`` that a refused rerun puts back) written again from this job's own config."""
     run_dir.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(container, sort_keys=False).encode()
     write_bytes(run_dir / "config_resolved.yaml", text)
     hydra_dir = _hydra_output(run_dir)
     if hydra_dir is not None:
-        for name in _HYDRA_FILES:
-            if (hydra_dir / name).exists():
-                write_bytes(run_dir / ".flatbnn" / "hydra" / name, (hydra_dir / name).read_bytes())
+        for name, data in _own_hydra_files(cfg).items():
+            write_bytes(hydra_dir / name, data)
+            write_bytes(run_dir / ".flatbnn" / "hydra" / name, data)
 
 
 def _restore_hydra_files(run_dir: Path) -> None:

@@ -25,9 +25,9 @@ from tqdm.auto import tqdm
 
 from flatbnn.engine import distributed as D
 from flatbnn.engine.backprop import global_rng_state, set_global_rng_state
-from flatbnn.engine.checkpoint import CheckpointError, checkpoint_problem, link_checkpoint, save_checkpoint
+from flatbnn.engine.checkpoint import (CHECKPOINT_FORMAT, CheckpointError, checkpoint_problem, link_checkpoint,
+                                      save_checkpoint)
 
-CHECKPOINT_FORMAT = 1
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again" -- requeue the job, it resumes from the checkpoint
 
 
@@ -50,10 +50,12 @@ class Preempted(Exception):
         self.signum = signum  # which signal stopped the run (train.py hands SIGUSR2 on to submitit's requeue)
 
 
-# SIGTERM / SIGUSR1 (SLURM preemption, `scancel --signal`), SIGUSR2 (submitit's time-limit / preemption signal) and
-# SIGINT (Ctrl-C: the same stop, exit 130; a second Ctrl-C stops at once)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
+# SIGTERM / SIGUSR1 (SLURM preemption, `scancel --signal`), SIGUSR2 (submitit's time-limit / preemption signal),
+# SIGHUP (the terminal closed: like SIGTERM, exit 75) and SIGINT (Ctrl-C: the same stop, exit 130; a second Ctrl-C
+# stops at once)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGINT)
 INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for Ctrl-C
+STOP_AGREE_SECONDS = 5.0  # DDP: the ranks agree on a stop at least this often (well inside torchrun's 30 s grace)
 
 
 def ignore_stop_signals(worker_id: int | None = None) -> None:
@@ -163,6 +165,8 @@ class Trainer:
         # replaces method.train_step when set (trainer.cuda_graph: engine/graphed.py's GraphedStep)
         self.train_step = None
         self._epoch_sums: dict | None = None  # the resumed epoch's running sums (restore)
+        self._next_agreement: int | None = None  # DDP: the global step at which the ranks next agree on a stop
+        self._agreed_at: tuple[int, float] | None = None  # (global step, time) of the last agreement
 
     # ---------------------------------------------------------------- state
     def state(self, method, backprop, generator, extra: dict, epoch_sums: dict | None = None) -> dict:
@@ -306,7 +310,7 @@ class Trainer:
                             "seconds": seconds_before + seconds})
                         raise Preempted(f"stopped by {signal.Signals(stop.signum).name} at epoch {epoch + 1}, "
                                         f"step {self.step_in_epoch} of {steps_per_epoch}; checkpoint "
-                                        f"{self.ckpt_path}; rerun the same command to resume", stop.signum)
+                                        f"{self.ckpt_path}", stop.signum)  # the entry point adds the command that resumes
                 loss_sum += self._read_losses(pending, epoch, bar, method)
                 bar.close()
                 method.on_epoch_end(epoch)
@@ -354,7 +358,7 @@ class Trainer:
                 raise Diverged(
                     f"non-finite loss ({loss}) at epoch {epoch + 1}, step {self.step_in_epoch - back} "
                     f"(global step {self.global_step - back}, lr {pending[i][1] if pending[i][1] is not None else method.lr():.3g}); "
-                    f"{self._rewind_after_divergence()}; rerun the same command with a lower optimizer.lr and "
+                    f"{self._rewind_after_divergence()}; rerun with a lower optimizer.lr and "
                     f"trainer.resume_overrides=[optimizer.lr] (likewise flatness.rho, or trainer.precision=fp32)")
         pending.clear()
         bar.set_postfix(loss=f"{losses[-1]:.4f}", lr=f"{method.lr():.3g}", refresh=False)
@@ -366,9 +370,18 @@ class Trainer:
     def _stop_requested(self, stop: _StopFlag) -> bool:
         if not self.info.enabled:
             return stop.raised
-        # every rank must stop at the same step, which costs a collective and a host read: agreed only every
-        # log_every global steps (the same steps on every rank), so a signal is honoured within log_every steps
-        if self.global_step % self.log_every:
+        # every rank must stop at the same step, which costs a collective and a host read: agreed at most every
+        # log_every global steps, and at least every STOP_AGREE_SECONDS -- torchrun kills a worker 30 s after its
+        # SIGTERM, and 50 slow steps take longer. The next agreement's step comes from the all-reduced mean step
+        # time, so every rank picks the same one.
+        if self._next_agreement is None:
+            self._next_agreement, self._agreed_at = self.global_step, (self.global_step, time.perf_counter())
+        if self.global_step < self._next_agreement:
             return False
-        flag = D.all_reduce_sum([float(stop.raised)], self.info, self.device)[0]
+        steps, seconds = self.global_step - self._agreed_at[0], time.perf_counter() - self._agreed_at[1]
+        flag, step_seconds = D.all_reduce_sum([float(stop.raised), seconds / max(steps, 1) / self.info.world_size],
+                                              self.info, self.device)
+        interval = 1 if steps == 0 else min(self.log_every, max(  # the first: one step, to time it
+            1, int(STOP_AGREE_SECONDS / max(step_seconds, 1e-9))))
+        self._next_agreement, self._agreed_at = self.global_step + interval, (self.global_step, time.perf_counter())
         return flag > 0

@@ -418,8 +418,8 @@ def metric_stats(values: list) -> dict:
     std (ddof = 1) of the finite values, n = how many; NaN / inf / missing values are left out and counted in
     ``n_nonfinite`` (kept in ``values`` as null / "nan" / "inf"). mean is None for n = 0, std for n < 2."""
     st = seed_stats(values)
-    return {"n": st.n, "n_nonfinite": st.n_nonfinite, "mean": st.mean, "std": st.std,
-            "values": [v if is_finite(v) else (None if v is None else str(v)) for v in values]}
+    return {"n": st.n, "n_nonfinite": st.n_nonfinite, **({"n_nonnumeric": st.n_nonnumeric} if st.n_nonnumeric else {}),
+            "mean": st.mean, "std": st.std, "values": [v if is_finite(v) else (None if v is None else str(v)) for v in values]}
 
 
 def _flatness_label(fl: dict) -> str:
@@ -535,7 +535,7 @@ def fmt_cell(st: dict | None, metric: str) -> str:
     if st is None:
         return "–"
     scale, digits = (100, 2) if metric == "accuracy" else (1, 4)
-    left_out = nonfinite_note(st["n"], st["n_nonfinite"])
+    left_out = nonfinite_note(st["n"], st["n_nonfinite"], st.get("n_nonnumeric", 0))
     if st["mean"] is None:
         return "nan" + left_out
     mean = f"{scale * st['mean']:.{digits}f}"

@@ -165,7 +165,8 @@ def _seed_values(runs: list[dict], path: str, metric: str, unit: str | None) -> 
 def _stats(values: list) -> dict:
     """``{mean, std, n, nonfinite}`` over seeds (the record's ``ours_*`` keys; NaN policy of reproduce/stats.py)."""
     st = seed_stats(values)
-    return {"mean": st.mean, "std": st.std, "n": st.n, "nonfinite": st.n_nonfinite}
+    return {"mean": st.mean, "std": st.std, "n": st.n, "nonfinite": st.n_nonfinite,
+            **({"nonnumeric": st.n_nonnumeric} if st.n_nonnumeric else {})}  # (absent from the records otherwise)
 
 
 def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | None = None) -> dict:

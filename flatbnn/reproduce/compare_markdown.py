@@ -59,7 +59,7 @@ def _fmt(v, std=None, n=None, unit=None) -> str:
 def _fmt_ours(r: dict) -> str:
     """Our mean ± std (n = finite seeds), and how many seeds were non-finite (left out: stats.NAN_POLICY)."""
     return (_fmt(r["ours_mean"], r["ours_std"], r["ours_n"] or None, r["unit"])
-            + nonfinite_note(r["ours_n"], r.get("ours_nonfinite") or 0))
+            + nonfinite_note(r["ours_n"], r.get("ours_nonfinite") or 0, r.get("ours_nonnumeric") or 0))
 
 
 def _nonfinite_line(table: list[dict]) -> list[str]:

@@ -12,15 +12,19 @@ member writes ``failed.txt`` there with a one-line reason and the sweep goes on;
 
 from __future__ import annotations
 
-import sys
-import traceback
-from pathlib import Path
+from flatbnn.cli import exit_on_stop_signals  # noqa: I001 (flatbnn.cli imports nothing heavy)
+if __name__ == "__main__":  # a stop anywhere (the imports, an evaluation: nothing to checkpoint): one line, 75 / 130
+    exit_on_stop_signals("(an evaluation is not checkpointed: a rerun of the row evaluates what is not done)")
 
-import hydra
-from omegaconf import DictConfig, OmegaConf
+import sys  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
 
-from flatbnn import resources
-from flatbnn.cli import exit_if_members_failed, install_hydra_error_handler, one_line_error
+import hydra  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from flatbnn import resources  # noqa: E402
+from flatbnn.cli import exit_if_members_failed, install_hydra_error_handler, one_line_error  # noqa: E402
 
 FAILED_JOBS: list[tuple[str, str]] = []
 

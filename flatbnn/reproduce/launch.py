@@ -156,6 +156,22 @@ def compose_cell(overrides: list[str]):
         return compose(config_name="config", overrides=overrides)
 
 
+def check_extra(cells: list[Cell], extra: list[str]) -> None:
+    """The command line's overrides (``run <row> -- key=value ...``) compose with the row's first cell, checked
+    once before anything is written or launched: a bad key or value is refused up front (SpecError: one line,
+    exit 2) instead of failing every job of the sweep."""
+    if not cells or not extra:
+        return
+    from flatbnn.cli import hydra_error_line
+    try:
+        compose_cell(list(cells[0].overrides) + list(extra))
+    except Exception as e:  # noqa: BLE001 -- any composition error: the line Hydra's would be at train.py
+        line = hydra_error_line(e) or " ".join(str(e).split())[:300]
+        bad = [o for o in extra if not is_hydra_override(o)]
+        raise SpecError(f"the overrides after -- ({' '.join(bad)}) do not compose with cell {cells[0].id}: {line}"
+                        ) from None
+
+
 def smoke_overrides(cfg, fake_roots: dict[str, Path]) -> list[str]:
     """The smoke scale's additions for one composed cell: a few steps, fake data in the real layout."""
     ov = [f"trainer.{k}={v}" for k, v in SMOKE_TRAINER.items()]
@@ -398,23 +414,33 @@ def run_sweep(cmd: list[str]) -> int:
     ``kill``, CI cancellation, SLURM) is handed on to the sweep, whose running job checkpoints and exits 75;
     this process waits for it -- never leaves it running as an orphan -- and returns the sweep's exit code.
     Ctrl-C reaches the sweep by itself (the terminal signals the whole foreground process group): not
-    forwarded, or the sweep would take it for a second Ctrl-C and stop without its checkpoint."""
+    forwarded, or the sweep would take it for a second Ctrl-C and stop without its checkpoint.
+    A sweep stopped so that did not finish returns 75 (Ctrl-C: 130) whatever its own code -- it may have been
+    between jobs, or importing, when the signal came -- so the caller never takes a stop for a failure (nor
+    builds a comparison from the runs finished so far)."""
     import signal
     proc = subprocess.Popen(cmd, cwd=REPO)
     forwarded = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
-    previous = {}
+    previous, stopped = {}, []
 
     def forward(signum, frame):
+        stopped.append(signum)
         if proc.poll() is None:
             proc.send_signal(signum)
 
+    def interrupted(signum, frame):  # the sweep got it from the terminal too
+        stopped.append(signum)
+
     try:
         for sig in forwarded + (signal.SIGINT,):
-            previous[sig] = signal.signal(sig, forward if sig in forwarded else (lambda signum, frame: None))
+            previous[sig] = signal.signal(sig, forward if sig in forwarded else interrupted)
     except ValueError:  # not the main thread: the caller's signals stay its own
         pass
     try:
-        return proc.wait()
+        rc = proc.wait()
+        if stopped and rc != 0:
+            return 130 if signal.SIGINT in stopped else 75
+        return rc
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
@@ -489,6 +515,7 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
     cells = select_cells(row.cells_for(scale), cells_glob, seeds)
     runnable = [c for c in cells if not c.blocked]
     blocked = {c.id: c.blocked for c in cells if c.blocked}
+    check_extra(runnable, list(extra))
     fake_roots = _fake_roots(Path(fake_data or out / ".fake_data")) if scale == "smoke" and runnable else None
     search, jobs = write_cells(row, runnable, scale, out, list(extra), fake_roots)
     # seed-major order: a row cut short still has every cell at its first seeds (the direction checks need pairs)
@@ -541,7 +568,7 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
             if force:
                 cmd.append("trainer.resume=false")
             rc = run_sweep(cmd) or rc
-            if rc == 75:  # preempted (flatbnn.torchrun): the rerun resumes; dependents wait for their sources
+            if rc in (75, 130):  # stopped: the rerun resumes; dependents wait for their sources
                 break
     states = {f"{c.id}/seed{s}": (("done", archived_detail(on_record[c.id, s])) if (c.id, s) in on_record
                                   else job_state(out, c.id, s)) for c, s in jobs}

@@ -5,6 +5,8 @@ One policy for values that are not numbers, used by every table (aggregate.py's 
     NaN policy: a seed whose value is NaN, inf or missing is LEFT OUT of the mean, std, sem, interval and of every
     test, and COUNTED (``n_nonfinite``); a table prints the count beside the number, never a bare mean. With no
     finite value the mean is None (printed ``nan``). ``n`` is the number of finite values the numbers are over.
+    A value that is not a number at all (a string, a list: a damaged or hand-edited results.json) is left out
+    the same way but counted apart (``n_nonnumeric``, printed ``[k/N non-numeric]``): it is not a diverged seed.
 
 (:data:`NAN_POLICY` is that sentence for the tables' notes.) Why not "any NaN makes the cell NaN": one diverged
 seed of five would hide the other four, and the table would not say which metric diverged how often. Why not drop
@@ -46,6 +48,7 @@ class SeedStats:
     n_nonfinite: int       # NaN / inf / missing values left out
     mean: float | None     # None when n = 0
     std: float | None      # sample std (ddof = 1); None when n < 2
+    n_nonnumeric: int = 0  # values that are not numbers (a string, a list, a bool), left out
 
     @property
     def sem(self) -> float | None:
@@ -62,18 +65,27 @@ class SeedStats:
         return float(lo), float(hi)
 
 
-def nonfinite_note(n: int, n_nonfinite: int) -> str:
-    """`` [k/N non-finite]`` when k of N seeds were left out, else empty: what every table prints beside a number."""
-    return f" [{n_nonfinite}/{n + n_nonfinite} non-finite]" if n_nonfinite else ""
+def is_number(v) -> bool:
+    """A real number, finite or not (NaN and inf are numbers; None, bools, strings are not)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def nonfinite_note(n: int, n_nonfinite: int, n_nonnumeric: int = 0) -> str:
+    """`` [k/N non-finite]`` when k of N seeds were left out as NaN / inf / missing, `` [j/N non-numeric]`` for the
+    values that are no number at all, else empty: what every table prints beside a number."""
+    total = n + n_nonfinite + n_nonnumeric
+    return ((f" [{n_nonfinite}/{total} non-finite]" if n_nonfinite else "")
+            + (f" [{n_nonnumeric}/{total} non-numeric]" if n_nonnumeric else ""))
 
 
 def seed_stats(values: Iterable) -> SeedStats:
-    """:class:`SeedStats` of ``values`` (one per seed; NaN / inf / None are left out and counted)."""
+    """:class:`SeedStats` of ``values`` (one per seed; NaN / inf / None are left out and counted, values that are
+    no number apart)."""
     values = list(values)
     finite = [v for v in values if is_finite(v)]
-    n = len(finite)
-    return SeedStats(n=n, n_nonfinite=len(values) - n, mean=statistics.fmean(finite) if n else None,
-                     std=statistics.stdev(finite) if n > 1 else None)
+    n, nonnumeric = len(finite), sum(v is not None and not is_number(v) for v in values)
+    return SeedStats(n=n, n_nonfinite=len(values) - n - nonnumeric, mean=statistics.fmean(finite) if n else None,
+                     std=statistics.stdev(finite) if n > 1 else None, n_nonnumeric=nonnumeric)
 
 
 @dataclass(frozen=True)
@@ -147,4 +159,4 @@ def seed_difference_test(x_by_seed: dict, y_by_seed: dict, x: SeedStats, y: Seed
     return SeedTest("Welch t", f"{x.n}+{y.n}", welch_ttest(x, y))
 
 
-__all__ = ["NOISE_ALPHA", "NAN_POLICY", "SeedTest", "seed_difference_test", "SeedStats", "TTest", "is_finite", "nonfinite_note", "seed_stats", "paired_ttest", "welch_ttest"]
+__all__ = ["NOISE_ALPHA", "NAN_POLICY", "SeedTest", "seed_difference_test", "SeedStats", "TTest", "is_finite", "is_number", "nonfinite_note", "seed_stats", "paired_ttest", "welch_ttest"]

@@ -75,6 +75,24 @@ def test_a_run_stopped_mid_epoch_writes_the_uninterrupted_runs_metrics_lines(tmp
     assert cut[1]["train/images_per_s"] * cut[1]["train/seconds"] == pytest.approx(256)
 
 
+def test_a_stop_during_an_epochs_last_step_resumes_with_the_uninterrupted_runs_metrics(tmp_path, monkeypatch):
+    """The signal lands while the epoch's last step runs: the checkpoint holds step 4 of 4 (the epoch's end-of-epoch
+    work not done yet), which is a position the resume must accept (it was refused as 'disagrees with the
+    schedule ... global step 4, the checkpoint says 4': a run stopped at that moment could not be resumed)."""
+    from flatbnn.engine.trainer import Preempted
+    args = SMALL + ["trainer.epochs=2"]
+    run_cfg(args, tmp_path / "straight")
+    _stop_at(monkeypatch, 3)  # raised before step 4 (epoch 1's last) runs; honoured right after it
+    with pytest.raises(Preempted) as e:
+        run_cfg(args, tmp_path / "cut")
+    assert "at epoch 1, step 4 of 4" in str(e.value)
+    monkeypatch.undo()
+    run_cfg(args, tmp_path / "cut")
+    straight, cut = _lines(tmp_path / "straight"), _lines(tmp_path / "cut")
+    assert [{k: v for k, v in r.items() if k not in WALL_FIELDS} for r in cut] == \
+        [{k: v for k, v in r.items() if k not in WALL_FIELDS} for r in straight]
+
+
 # ------------------------------------------------------------------ 4 / 12. checkpoint position and structure
 def _ckpt_edit(tmp_path, edit, epochs=2):
     """A run stopped after epoch 1 of ``epochs``, its checkpoint edited; returns (run dir, checkpoint)."""

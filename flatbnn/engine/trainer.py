@@ -120,7 +120,9 @@ def position_problem(state: dict, epochs: int, steps_per_epoch: int | None, step
                 f"(more epochs: trainer.epochs=<n> trainer.resume_overrides=[trainer.epochs])")
     if steps_per_epoch is None or steps_changed:  # the steps per epoch changed on a resume: no single formula
         return None
-    if step >= steps_per_epoch or global_step != epoch * steps_per_epoch + step:
+    # step == steps_per_epoch: stopped right after the epoch's last step, before its end-of-epoch work (the resume
+    # runs no step of it and goes straight to that work)
+    if step > steps_per_epoch or global_step != epoch * steps_per_epoch + step:
         return (f"its position disagrees with the schedule: epoch {epoch}, step {step} at {steps_per_epoch} "
                 f"steps per epoch is global step {epoch * steps_per_epoch + step}, the checkpoint says {global_step}")
     return None

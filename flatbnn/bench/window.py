@@ -43,7 +43,9 @@ DRY_SELFCHECK_S = 300.0      # the dry run's self-check: its cap (CI's CPU takes
 DRY_CAMPAIGN_S = 120.0       # the dry run's campaign: a few tiny jobs (CI minutes; on a CPU a job that cannot finish
 #                               in what is left is not started, so the resume path has its own test)
 DRY_ROWS = ["bsam_t6"]        # MNIST-scale cells: train.py jobs of a few seconds on fake idx files
-DRY_EXTRA = ["trainer.epochs=1", "trainer.progress=false", "trainer.reliability_diagram=false", "trainer.num_workers=0"]
+# 4 epochs of one step each: SWAG's swa_start=0.75 collects from epoch round(0.75 * epochs) + 1 on, so 1 or 2 epochs
+# collect nothing and its final predictive fails ("no weights were collected")
+DRY_EXTRA = ["trainer.epochs=4", "trainer.progress=false", "trainer.reliability_diagram=false", "trainer.num_workers=0"]
 DATA_FILES = {"cifar10": "cifar10_jpeg.tar.gz", "mnist": "mnist.tar.xz", "fashion_mnist": "fashion_mnist.tar.xz"}
 MNIST_FOLDERS = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST"}
 

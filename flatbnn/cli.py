@@ -182,6 +182,34 @@ def resume_command(run_dir, extra: list[str] | tuple = ()) -> str | None:
     return shlex.join(_program(_COMMAND[0]) + args + pinned)
 
 
+_VALUE_FLAGS = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir")  # Hydra flags with a value
+
+
+def member_command(run_dir, extra: list[str] | tuple = ()) -> str | None:
+    """The command that resumes ONE member of a ``--multirun`` sweep, to paste into a shell: this program with the
+    command line's Hydra flags (not ``--multirun``), the member's own overrides and its dir pinned
+    (``hydra.run.dir``) -- a plain run in that dir, so it resumes there and leaves the sweep's other members
+    alone (rerunning the sweep with ``extra`` would change them all). None outside a Hydra job."""
+    import shlex
+    from pathlib import Path
+
+    from hydra.core.hydra_config import HydraConfig
+
+    if _COMMAND is None or not HydraConfig.initialized():
+        return None
+    flags, rest = [], iter(_COMMAND[1:])
+    for a in rest:
+        if a in ("-m", "--multirun") or not a.startswith("-"):
+            continue
+        flags.append(a)
+        if a in _VALUE_FLAGS:
+            flags.append(next(rest, ""))
+    pinned = [f"hydra.run.dir={_hydra_value(str(Path(run_dir).resolve()))}", *extra]
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in pinned}
+    task = [o for o in HydraConfig.get().overrides.task if o.split("=", 1)[0].lstrip("+~") not in keys]
+    return shlex.join(_program(_COMMAND[0]) + flags + task + pinned)
+
+
 def _closest(word: str, options, n: int = 3) -> list[str]:
     return difflib.get_close_matches(str(word), [str(o) for o in options], n=n, cutoff=0.5)
 

@@ -26,8 +26,8 @@ from omegaconf import DictConfig  # noqa: E402
 
 from flatbnn import resources  # noqa: E402
 from flatbnn.cli import (EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_PREEMPTED, exit_if_members_failed,  # noqa: E402
-                         dated_run_dir_parents, install_hydra_error_handler, one_line_error, remember_command,
-                         remember_sweep, remove_stray_run_dir, resume_command)
+                         dated_run_dir_parents, install_hydra_error_handler, member_command, one_line_error,
+                         remember_command, remember_sweep, remove_stray_run_dir, resume_command)
 
 
 def _nonzero_rank_overrides() -> None:
@@ -181,6 +181,11 @@ def _failed(e: Exception, msg: str | None, dist_line: str | None, run_dir_from_h
     if int(os.environ.get("RANK", "0")) == 0 and owns_dir:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "failed.txt").write_text(detail + "\n" + line + "\n")
+    resume = _resumable(e, cfg) if owns_dir else None
+    if resume is not None:  # trained, then failed: this member alone goes on from its checkpoint
+        command = member_command(run_dir, resume.get("extra", ()))
+        if command:
+            line += f"; {resume.get('example') or 'to resume'} (this member alone): {command}"
     print(f"flatbnn: error in {run_dir}: {line}", file=sys.stderr)
     FAILED_JOBS.append((str(run_dir), line))
 

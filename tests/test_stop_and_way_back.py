@@ -105,6 +105,33 @@ def test_the_disk_full_line_resumes_the_run_from_its_last_good_checkpoint_when_p
     assert done["nll"] == ref["nll"] and done["accuracy"] == ref["accuracy"]
 
 
+def test_a_sweep_members_disk_full_line_resumes_that_member_alone_when_pasted(tmp_path):
+    """A --multirun member that fails after training (here: a full disk at its 2nd checkpoint) prints a command for
+    itself alone -- its own overrides, its dir pinned, no --multirun -- that resumes it to the uninterrupted run's
+    metrics and leaves the other members as they are."""
+    args = SMALL + ["trainer.epochs=2"]
+    straight = tmp_path / "straight"
+    train_cli(args + ["seed=0"], straight)
+    work = tmp_path / "work"
+    work.mkdir()
+    p = _train(["--multirun", *args, "seed=0,1", f"hydra.sweep.dir={work / 'sweep'}"], work,
+               hook="disk_full_at_save:2")  # member 0's epoch-2 checkpoint; member 1 trains on
+    assert p.returncode != 0, p.stderr[-3000:]
+    [line] = [ln for ln in p.stderr.splitlines() if ln.startswith("flatbnn: error in") and "No space left" in ln]
+    command = _pasted(line, "to resume (this member alone): ")
+    member = Path(shlex.split(command)[-1].split("=", 1)[1])
+    assert "--multirun" not in command and "seed=0" in shlex.split(command) and "seed=0,1" not in command
+    other = [d for d in (work / "sweep").iterdir() if d.is_dir() and d != member and (d / "results.json").exists()]
+    assert len(other) == 1
+    before = (other[0] / "results.json").read_bytes()
+    again = _paste(command, work)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from" in again.stderr
+    done, ref = (json.loads((d / "results.json").read_text())["metrics"] for d in (member, straight))
+    assert done["nll"] == ref["nll"] and done["accuracy"] == ref["accuracy"]
+    assert (other[0] / "results.json").read_bytes() == before
+
+
 def test_the_divergence_line_names_this_run_dir_and_a_lower_lr_and_goes_to_train_log(tmp_path):
     work = tmp_path / "work"
     work.mkdir()

@@ -61,6 +61,7 @@ LAYERS: list[set[str]] = [
     {"cli"},
     {"bench", "reproduce"},
     {"train", "evaluate", "torchrun", "reproduce.eval_job", "tools"},
+    {"console"},  # console-script targets: light at import, they call the entry points above
 ]
 
 Graph = dict[str, set[str]]

@@ -228,6 +228,29 @@ def test_ctrl_c_during_a_sweep_childs_imports_is_one_line_exit_130_and_no_compar
     assert not (out / "comparison").exists()
 
 
+def test_ctrl_c_during_the_imports_of_the_installed_flatbnn_train_is_one_line_and_exit_130(tmp_path):
+    """The console script calls pyproject's flatbnn-train target as the first thing: a Ctrl-C while that target's
+    module imports Hydra / torch must be one line and 130 (it was a KeyboardInterrupt traceback, exit 1, when the
+    target was flatbnn.train:cli, whose module imports everything before cli() installs the handlers)."""
+    import tomllib
+    target = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]["flatbnn-train"]
+    module, func = target.split(":")
+    code = ("import importlib, importlib.abc, os, signal, sys\n"
+            "class F(importlib.abc.MetaPathFinder):\n"
+            "    fired = False\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'hydra' and not F.fired:\n"
+            "            F.fired = True; os.kill(os.getpid(), signal.SIGINT)\n"
+            "        return None\n"
+            "sys.meta_path.insert(0, F())\n"
+            "sys.argv = ['flatbnn-train', 'dataset=digits']\n"
+            f"getattr(importlib.import_module({module!r}), {func!r})()\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env=_env())
+    assert p.returncode == 130 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert _flatbnn_lines(p.stderr) == ["flatbnn: stopped by SIGINT while no job was running"], p.stderr[-3000:]
+
+
 def test_sigterm_between_jobs_of_a_plain_sweep_is_one_line_75_and_its_command_finishes_the_sweep(tmp_path):
     work = tmp_path / "work"
     work.mkdir()

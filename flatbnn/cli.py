@@ -156,6 +156,24 @@ def _hydra_value(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _override_key(arg: str) -> str:
+    return arg.split("=", 1)[0].lstrip("+~")
+
+
+def _replaced(args, pinned: list[str]) -> list[str]:
+    """``args`` without the overrides of the keys ``pinned`` sets, then ``pinned`` (each key once, as pinned)."""
+    keys = {_override_key(o) for o in pinned}
+    return [a for a in args if _override_key(a) not in keys] + pinned
+
+
+def split_after_double_dash(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the arguments before ``--``, the overrides after it): how flatbnn's commands take Hydra overrides."""
+    if "--" not in argv:
+        return list(argv), []
+    i = argv.index("--")
+    return argv[:i], argv[i + 1:]
+
+
 def resume_command(run_dir, extra: list[str] | tuple = ()) -> str | None:
     """The command that resumes the run in ``run_dir``, to paste into a shell: this process's command line with
     its run dir pinned -- a plain run's dir is timestamped (``hydra.run.dir``; a sweep's: ``hydra.sweep.dir``),
@@ -176,10 +194,7 @@ def resume_command(run_dir, extra: list[str] | tuple = ()) -> str | None:
             where = where.parent
     else:
         key, where = "hydra.run.dir", Path(run_dir).resolve()
-    pinned = [f"{key}={_hydra_value(str(where))}", *extra]
-    keys = {o.split("=", 1)[0].lstrip("+~") for o in pinned}
-    args = [a for a in _COMMAND[1:] if a.split("=", 1)[0].lstrip("+~") not in keys]
-    return shlex.join(_program(_COMMAND[0]) + args + pinned)
+    return shlex.join(_program(_COMMAND[0]) + _replaced(_COMMAND[1:], [f"{key}={_hydra_value(str(where))}", *extra]))
 
 
 _VALUE_FLAGS = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir")  # Hydra flags with a value
@@ -205,9 +220,7 @@ def member_command(run_dir, extra: list[str] | tuple = ()) -> str | None:
         if a in _VALUE_FLAGS:
             flags.append(next(rest, ""))
     pinned = [f"hydra.run.dir={_hydra_value(str(Path(run_dir).resolve()))}", *extra]
-    keys = {o.split("=", 1)[0].lstrip("+~") for o in pinned}
-    task = [o for o in HydraConfig.get().overrides.task if o.split("=", 1)[0].lstrip("+~") not in keys]
-    return shlex.join(_program(_COMMAND[0]) + flags + task + pinned)
+    return shlex.join(_program(_COMMAND[0]) + flags + _replaced(HydraConfig.get().overrides.task, pinned))
 
 
 def _closest(word: str, options, n: int = 3) -> list[str]:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from flatbnn.cli import split_after_double_dash  # noqa: E402
 from flatbnn.reproduce.spec import SpecError  # noqa: E402
 
 
@@ -63,11 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="runs root (default outputs/reproduce: the rows' run dirs)")
     ap.add_argument("--results", type=Path, default=None, help="records root (default results/reproduce)")
     ap.add_argument("--dry-run", action="store_true", help="print the queue with time estimates; run nothing")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra: list[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+    argv, extra = split_after_double_dash(list(sys.argv[1:] if argv is None else argv))
     args = ap.parse_args(argv)
 
     import os

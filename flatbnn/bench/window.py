@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from flatbnn.bench import selfcheck
+from flatbnn.cli import split_after_double_dash
 
 REPO = selfcheck.REPO
 SELFCHECK_S = 180.0
@@ -265,11 +266,7 @@ def main(argv=None) -> int:
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: under $TMPDIR)")
     ap.add_argument("--procs", type=int, default=None, help="skip the process-count test and use this many")
     ap.add_argument("--cap", type=_caps, default={}, help="per-path time caps, e.g. compiled=60 (seconds)")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra: list[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+    argv, extra = split_after_double_dash(list(sys.argv[1:] if argv is None else argv))
     args = ap.parse_args(argv)
     if not 0 < args.minutes <= 9.5:
         print(f"window: --minutes {args.minutes:g}: one device command runs at most 10 minutes; give 0 < M <= 9.5",

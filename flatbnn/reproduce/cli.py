@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from flatbnn import resources
+from flatbnn.cli import split_after_double_dash
 from flatbnn.reproduce.spec import SCALES, SpecError, check_all, list_rows, load_row
 
 
@@ -210,11 +211,7 @@ def main(argv=None) -> int:
                       help="replace an existing comparison built from more finished runs than this one")
     sub.add_parser("status")
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra: list[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+    argv, extra = split_after_double_dash(list(sys.argv[1:] if argv is None else argv))
     args = ap.parse_args(argv)
 
     def stopped(signum, frame):  # outside a sweep (run_sweep hands it on to the sweep while one runs)

@@ -248,3 +248,16 @@ def test_a_budget_spent_before_a_job_starts_leaves_the_queue_for_the_next_call(t
     r = campaign.run(p, budget_s=60, margin_s=10, poll_s=0.001, clock=late_clock, started=0.0)
     assert r["stopped"] and not r["finished"] and sorted(r["not_started"]) == ["tiny/long/seed0", "tiny/short/seed0"]
     assert not (tmp_path / "o").exists()  # nothing started
+
+
+def test_a_row_without_a_finished_record_gets_no_paper_page(tmp_path, monkeypatch):
+    """The H100 window of 2026-11-27 queued 7 rows and finished cells of 2: the other 5 had come back as pages of
+    empty cells saying 'no run records committed'. Only a row with a results.json gets its comparison."""
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    _row(rows_dir)
+    out, res = tmp_path / "outputs", tmp_path / "results"
+    row = spec.load_row("tiny")
+    assert campaign.write_comparisons([row], out, res) == [] and not (res / "tiny").exists()
+    # (a row with a record gets its page: the test above, "**Progress: 2/2 cells done")

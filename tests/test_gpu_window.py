@@ -209,3 +209,27 @@ def test_restore_queues_unfinished_runs_for_the_next_window(tmp_path):
     with tarfile.open(src / "campaign.tgz", "w:gz"):
         pass  # the next window finished everything: no runs/ left
     assert window_host.restore(src, **roots, log=lambda s: None)["resume"] is None and not resume.exists()
+
+
+def test_exact_math_is_what_the_comparison_runs_under(monkeypatch):
+    """On an H100 eager disagreed with eager by 4.4e-2 under the defaults (TF32, atomics): the 1e-4 check needs TF32
+    off and deterministic kernels, set before either run (red if exact_math loses a line or check_path skips it)."""
+    import torch
+
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark,
+             torch.backends.cudnn.deterministic, torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled())
+    try:
+        torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = True, True
+        selfcheck.exact_math(torch.device("cuda"))
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark,
+         torch.backends.cudnn.deterministic) = saved[:4]
+        torch.use_deterministic_algorithms(saved[4], warn_only=saved[5])
+    seen = []
+    monkeypatch.setattr(selfcheck, "exact_math", lambda device: seen.append(device.type))
+    rec = selfcheck.check_path(selfcheck.BY_NAME["eager"], torch.device("cpu"), dry=True)
+    assert seen == ["cpu"] and rec["ok"] and rec["worst_tensor"]

@@ -302,10 +302,13 @@ def link_reused(p: Plan) -> list[str]:
 
 
 def write_comparisons(rows: list[Row], out_root: Path | None = None, results_root: Path | None = None) -> list[Path]:
-    """Each row's paper comparison (verdicts for the cells whose seeds are all in) beside its records."""
+    """Each row's paper comparison (verdicts for the cells whose seeds are all in) beside its records; a row with no
+    finished record yet gets none (a queued row is not a page of empty cells)."""
     out_root = Path(out_root or launch.OUTPUT_ROOT)
     results_root = Path(results_root or archive.ARCHIVE_ROOT)
-    return [write_comparison(row, PAPER, out=out_root / row.row / PAPER, dest=results_root / row.row) for row in rows]
+    return [write_comparison(row, PAPER, out=out_root / row.row / PAPER, dest=results_root / row.row) for row in rows
+            if any((results_root / row.row / PAPER / "runs").rglob("results.json"))
+            or any((out_root / row.row / PAPER).rglob("results.json"))]
 
 
 # ---------------------------------------------------------------------------------------------- chaining

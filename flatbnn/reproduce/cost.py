@@ -32,6 +32,11 @@ RECORDS_ROOT = REPO / "results" / "reproduce"
 # assumed sustained rates where nothing was measured: one A100 in bf16 on CIFAR-sized nets, ~8 % of its 312 TFLOP/s
 # dense peak (docs/cluster.md); 2 CPU cores: the MNIST MLP's measured 5,990 images/s x 3 x 1.09 MFLOP ~ 20 GFLOP/s
 ASSUMED_TFLOPS = {"gpu": 25.0, "cpu": 0.02}
+# ... and on a GPU no step is quicker than its launch overhead, whatever its FLOPs: an eager forward/backward +
+# update took 2.75 ms on the H100 window of 2026-11-27 (MNIST MLP, batch 200: 36,000 steps in 99 s, results/
+# reproduce/bsam_t6/paper/runs/mnist/mlp/sgd/seed1), where the FLOP rate said ~1 s for the run. Each pass of each
+# sub-batch (SAM / bSAM / VOGN's m) pays it; without this the window queued bSAM m=8 MLP runs as '~2 s' (each ~25 min).
+GPU_PASS_FLOOR_S = 2.75e-3
 
 # (train, test) images of each data set's standard split, for configs that do not subset it.
 SPLIT_SIZES = {
@@ -297,8 +302,21 @@ def estimate(cfg, device: str) -> Estimate:
     rc = run_cost(cfg)
     kind = "cpu" if device == "cpu" else "gpu"
     seconds = rc.flops / (ASSUMED_TFLOPS[kind] * 1e12)
-    return Estimate(seconds, Rate(rc.train_images * rc.epochs * rc.members / seconds,
-                                  f"assumed: {ASSUMED_TFLOPS[kind]:g} TFLOP/s on {device}", False))
+    basis = f"assumed: {ASSUMED_TFLOPS[kind]:g} TFLOP/s on {device}"
+    if kind == "gpu":
+        floor = gpu_overhead_floor(cfg, rc)
+        if floor > seconds:
+            seconds, basis = floor, f"assumed: {GPU_PASS_FLOOR_S * 1e3:g} ms per pass on {device} (launch-bound)"
+    return Estimate(seconds, Rate(rc.train_images * rc.epochs * rc.members / seconds, basis, False))
+
+
+def gpu_overhead_floor(cfg, rc: RunCost) -> float:
+    """Seconds a run cannot beat on a GPU: its steps x passes x sub-batches at GPU_PASS_FLOOR_S each."""
+    batch = int(cfg.trainer.get("batch_size") or 128)
+    chunks = max([1] + [int(node.get("m") or 1) for node in (cfg.get("flatness"), cfg.method)
+                        if node is not None and not node.get("batched_chunks")])
+    steps = -(-rc.train_images // batch) * rc.epochs * rc.members
+    return steps * rc.passes * chunks * GPU_PASS_FLOOR_S
 
 
 def fmt_duration(seconds: float) -> str:

@@ -105,3 +105,19 @@ def test_write_docs_replaces_the_table(tmp_path, capsys):
     assert text.startswith(f"before\n{ec.START}\n| row |") and text.endswith(f"{ec.END}\nafter\n")
     assert "| `bsam_t6` | 42 |" in text and "| **all** | **42** |" in text and "stale" not in text
     assert list(tmp_path.iterdir()) == [docs]  # no temporary file left behind
+
+
+def test_a_gpu_estimate_is_never_below_its_launch_overhead():
+    """The H100 window of 2026-11-27 queued bSAM m=8 MNIST MLP runs as '~2 s' from FLOPs (each takes tens of
+    minutes: 16 small passes per step). An assumed GPU estimate is at least steps x passes x sub-batches x
+    GPU_PASS_FLOOR_S; a CPU estimate never takes it (its assumed rate was measured with the overhead in it)."""
+    from flatbnn.reproduce import cost
+
+    mnist = ["dataset=mnist", "model=mlp", "trainer.epochs=2", "trainer.batch_size=200"]
+    for method, passes_x_chunks in (("method=map", 1), ("method=bsam", 2 * 8)):
+        cfg = _compose(mnist + [method])
+        steps = 60_000 // 200 * 2
+        est = cost.estimate(cfg, "some-unmeasured-gpu")
+        assert est.seconds >= steps * passes_x_chunks * cost.GPU_PASS_FLOOR_S * 0.999, (method, est.describe())
+        assert "launch-bound" in est.rate.basis
+        assert "launch-bound" not in cost.estimate(cfg, "cpu").rate.basis

@@ -261,3 +261,25 @@ def test_a_row_without_a_finished_record_gets_no_paper_page(tmp_path, monkeypatc
     row = spec.load_row("tiny")
     assert campaign.write_comparisons([row], out, res) == [] and not (res / "tiny").exists()
     # (a row with a record gets its page: the test above, "**Progress: 2/2 cells done")
+
+
+def test_a_paper_page_prices_what_is_left(tmp_path, monkeypatch):
+    """Issue 42: every MNIST-scale cell done or queued 'with its cost stated'. cost_left lists the cells with seeds
+    not done (a done seed is not counted), each priced per run on the CPU and on the windows' GPU; the page says it."""
+    from flatbnn.reproduce.compare_markdown import _left_markdown
+
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    _row(rows_dir)
+    row = spec.load_row("tiny")
+    left = cost.cost_left(row, "paper", {"short": {"0": "done"}, "long": {"0": "interrupted"}})
+    assert [(x["cell"], x["runs_left"]) for x in left] == [("long", 1)]
+    each = left[0]["each"]
+    assert set(each) == {"cpu", cost.WINDOW_GPU} and all(sec > 0 for sec, _ in each.values())
+    # the long cell trains LONG_EPOCHS x the short one's work: its price says so on every device
+    short = {x["cell"]: x for x in cost.cost_left(row, "paper", {})}["short"]
+    assert each["cpu"][0] > short["each"]["cpu"][0] and each[cost.WINDOW_GPU][0] > short["each"][cost.WINDOW_GPU][0]
+    page = "\n".join(_left_markdown({"row": "tiny", "left": left}))
+    assert "1 runs in 1 cells" in page and "| `long` | 1 |" in page and "`short`" not in page
+    assert "Nothing" in "\n".join(_left_markdown({"row": "tiny", "left": []}))

@@ -17,6 +17,7 @@ from flatbnn.reproduce.claims import describe, verdict_line
 from flatbnn.reproduce.compare import (NOISE_ALPHA, NOT_AT_SCALE, RESULTS_ROOT, archive_row, build, finished_runs,
                                        judge_claims, paper_progress)
 from flatbnn.reproduce.figures import draw_figures
+from flatbnn.reproduce.cost import fmt_duration
 from flatbnn.reproduce.launch import OUTPUT_ROOT
 from flatbnn.reproduce.spec import Row
 from flatbnn.reproduce.stats import NAN_POLICY, nonfinite_note
@@ -162,6 +163,7 @@ def to_markdown(c: dict) -> str:
                          f"{d['ours_better'] or '–'} ({_fmt(d['ours'][0], unit=d.get('unit'))} vs "
                          f"{_fmt(d['ours'][1], unit=d.get('unit'))}) | {mark} | {d.get('beyond_noise') or '–'} |")
     lines += _claims_markdown(c)
+    lines += _left_markdown(c)
     for name, text in (c.get("included") or {}).items():  # the script's own report (e.g. derived ratios)
         body = text.splitlines()
         if body and body[0].startswith("# "):
@@ -246,6 +248,30 @@ def progress_sentence(pr: dict) -> str:
         s += f": {pr['within']} within the paper's spread, {pr['outside']} outside"
         s += f", {pr['no_spread']} without a printed spread" if pr["no_spread"] else ""
     return s
+
+
+def _left_markdown(c: dict) -> list[str]:
+    """What is still to run at paper scale and what one run of each cell costs (``c["left"]``: cost.cost_left)."""
+    left = c.get("left")
+    if left is None:
+        return []
+    if not left:
+        return ["", "## Still to run", "", "Nothing: every seed of every cell that can run here is done."]
+    devices = [d for d in left[0]["each"] if d != "error"] or ["cpu"]
+    lines = ["", "## Still to run", "",
+             f"{sum(x['runs_left'] for x in left)} runs in {len(left)} cells (`make campaign ROWS={c['row']}` runs "
+             f"them cheapest first and resumes the interrupted ones). One run's wall time, estimated: measured where a "
+             f"record or benchmark of that device has the same training work, else assumed (the basis says which).", "",
+             "| cell | runs left | " + " | ".join(f"each on {d}" for d in devices) + " |",
+             "|---|---|" + "---|" * len(devices)]
+    for x in left:
+        if "error" in x["each"]:
+            lines.append(f"| `{x['cell']}` | {x['runs_left']} | " + " | ".join(
+                [f"does not compose: {x['each']['error'][1]}"] + ["–"] * (len(devices) - 1)) + " |")
+            continue
+        lines.append(f"| `{x['cell']}` | {x['runs_left']} | " + " | ".join(
+            f"~{fmt_duration(x['each'][d][0])} ({x['each'][d][1]})" for d in devices) + " |")
+    return lines
 
 
 def _cells_markdown(table: list[dict], title: str, intro: str) -> list[str]:
@@ -361,6 +387,9 @@ def write_comparison(row: Row, scale: str, out: Path | None = None, dest: Path |
         for p in pngs:
             shutil.copyfile(p, dest / f"{scale}_{p.name}")
         c["figures"] = [str(dest / f"{scale}_{p.name}") for p in pngs]
+    if scale == "paper" and row.kind == "train":
+        from flatbnn.reproduce.cost import cost_left
+        c["left"] = cost_left(row, scale, c["jobs"])
     write_text(dest / f"{scale}.md", to_markdown(c))
     write_json(dest / f"{scale}.json", c)
     return dest / f"{scale}.md"

@@ -327,6 +327,33 @@ def fmt_duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+# the GPU kind the lent windows have been (docs/cluster.md "The GPU window"): what a paper page prices its open cells on
+WINDOW_GPU = "nvidia-h100-80gb-hbm3"
+
+
+def cost_left(row, scale: str, jobs: dict[str, dict[str, str]], devices=("cpu", WINDOW_GPU)) -> list[dict]:
+    """Each cell of ``row`` at ``scale`` with seeds not done (``jobs``: cell -> {seed: state}, a comparison's),
+    blocked cells left out: ``{"cell", "runs_left", "each": {device: [seconds, basis]}}`` -- what a paper page says
+    is still to run and what one run costs (measured rate where a record or benchmark has one, else assumed)."""
+    from flatbnn.reproduce.launch import compose_cell
+
+    out = []
+    for cell in row.cells_for(scale):
+        if cell.blocked:
+            continue
+        states = jobs.get(cell.id) or {}
+        left = sum(states.get(str(s), "pending") != "done" for s in cell.seeds)
+        if not left:
+            continue
+        try:
+            cfg = compose_cell(list(cell.overrides))
+            each = {d: [round(e.seconds, 1), e.rate.basis] for d in devices for e in [estimate(cfg, d)]}
+        except Exception as e:  # noqa: BLE001 -- a cell that does not compose still shows as left, without a price
+            each = {"error": [None, " ".join(str(e).split())[:200]]}
+        out.append({"cell": cell.id, "runs_left": left, "each": each})
+    return out
+
+
 def job_estimates(row, scale: str, config_names: list[str], extra: list[str], device: str) -> list[tuple[str, Estimate]]:
     """``[(cell/seed<k>, Estimate)]`` for the launcher's generated cell configs ``config_names`` of a train row
     (the dry run of ``scripts/reproduce.py run``): each cell composed once with the command-line extras."""

@@ -121,3 +121,7 @@ def test_a_gpu_estimate_is_never_below_its_launch_overhead():
         assert est.seconds >= steps * passes_x_chunks * cost.GPU_PASS_FLOOR_S * 0.999, (method, est.describe())
         assert "launch-bound" in est.rate.basis
         assert "launch-bound" not in cost.estimate(cfg, "cpu").rate.basis
+    # a captured bSAM step replays its 16 passes in one launch: the window's campaign must not price it as eager
+    graphed = cost.estimate(_compose(mnist + ["method=bsam", "trainer.cuda_graph=true"]), "some-unmeasured-gpu")
+    assert graphed.seconds == pytest.approx(steps * cost.GPU_GRAPH_STEP_FLOOR_S, rel=0.01)
+    assert graphed.seconds < cost.estimate(_compose(mnist + ["method=bsam"]), "some-unmeasured-gpu").seconds / 10

@@ -283,3 +283,7 @@ def test_a_paper_page_prices_what_is_left(tmp_path, monkeypatch):
     page = "\n".join(_left_markdown({"row": "tiny", "left": left}))
     assert "1 runs in 1 cells" in page and "| `long` | 1 |" in page and "`short`" not in page
     assert "Nothing" in "\n".join(_left_markdown({"row": "tiny", "left": []}))
+    # a cell that does not compose first: the columns still come from a priced cell
+    broken = {"cell": "x", "runs_left": 1, "each": {"error": [None, "no such key"]}}
+    head = next(ln for ln in _left_markdown({"row": "tiny", "left": [broken] + left}) if ln.startswith("| cell"))
+    assert head == f"| cell | runs left | each on cpu | each on {cost.WINDOW_GPU} |"

@@ -136,7 +136,7 @@ def _stepper(path: StepPath, method, flat, bp, device):
 
 
 def exact_math(device) -> None:
-    """fp32 as fp32 and the same kernels run to run on CUDA: what a 1e-4 comparison needs (module docstring).
+    """fp32 as fp32 and the same kernels run to run on CUDA: what a rounding-level comparison needs (module docstring).
     CUBLAS_WORKSPACE_CONFIG must be in the environment before CUDA starts: :func:`main` sets it."""
     import torch
 
@@ -181,7 +181,7 @@ def check_path(path: StepPath, device, dry: bool) -> dict:
     worst = max(rels, key=rels.get)
     finite = all(bool(torch.isfinite(a).all()) for a in mine.values())
     allowed = judge_limit(precision, floor)
-    out = {"dtype": precision, "drift": drift, "floor": floor, "allowed": allowed, "steps": CHECK_STEPS,
+    out = {"dtype": precision, "drift": drift, "floor": floor, "allowed": allowed,
            "worst_tensor": worst, "worst_tensor_rel": rels[worst], "lr_per_step": lrs,
            "img_s": images_per_s(step, batch, device, 2 if dry else 20),
            "math": "TF32 off, deterministic kernels" if device.type == "cuda" else "cpu"}

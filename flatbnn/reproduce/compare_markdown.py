@@ -16,8 +16,8 @@ from flatbnn.engine.report import CHANCE_SE
 from flatbnn.reproduce.claims import describe, verdict_line
 from flatbnn.reproduce.compare import (NOISE_ALPHA, NOT_AT_SCALE, RESULTS_ROOT, archive_row, build, finished_runs,
                                        judge_claims, paper_progress)
+from flatbnn.reproduce.cost import cost_left, fmt_duration
 from flatbnn.reproduce.figures import draw_figures
-from flatbnn.reproduce.cost import fmt_duration
 from flatbnn.reproduce.launch import OUTPUT_ROOT
 from flatbnn.reproduce.spec import Row
 from flatbnn.reproduce.stats import NAN_POLICY, nonfinite_note
@@ -257,7 +257,7 @@ def _left_markdown(c: dict) -> list[str]:
         return []
     if not left:
         return ["", "## Still to run", "", "Nothing: every seed of every cell that can run here is done."]
-    devices = [d for d in left[0]["each"] if d != "error"] or ["cpu"]
+    devices = next((list(x["each"]) for x in left if "error" not in x["each"]), ["cpu"])  # a priced cell's
     lines = ["", "## Still to run", "",
              f"{sum(x['runs_left'] for x in left)} runs in {len(left)} cells (`make campaign ROWS={c['row']}` runs "
              f"them cheapest first and resumes the interrupted ones). One run's wall time, estimated: measured where a "
@@ -388,7 +388,6 @@ def write_comparison(row: Row, scale: str, out: Path | None = None, dest: Path |
             shutil.copyfile(p, dest / f"{scale}_{p.name}")
         c["figures"] = [str(dest / f"{scale}_{p.name}") for p in pngs]
     if scale == "paper" and row.kind == "train":
-        from flatbnn.reproduce.cost import cost_left
         c["left"] = cost_left(row, scale, c["jobs"])
     write_text(dest / f"{scale}.md", to_markdown(c))
     write_json(dest / f"{scale}.json", c)

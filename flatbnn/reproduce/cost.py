@@ -323,12 +323,11 @@ def _graphed(cfg) -> bool:
 def gpu_overhead_floor(cfg, rc: RunCost) -> float:
     """Seconds a run cannot beat on a GPU: its steps x passes x sub-batches at GPU_PASS_FLOOR_S each, or its steps
     at GPU_GRAPH_STEP_FLOOR_S when the step is captured."""
-    batch = int(cfg.trainer.get("batch_size") or 128)
+    steps = -(-rc.train_images // int(cfg.trainer.get("batch_size") or 128)) * rc.epochs * rc.members
     if _graphed(cfg):
-        return -(-rc.train_images // batch) * rc.epochs * rc.members * GPU_GRAPH_STEP_FLOOR_S
+        return steps * GPU_GRAPH_STEP_FLOOR_S
     chunks = max([1] + [int(node.get("m") or 1) for node in (cfg.get("flatness"), cfg.method)
                         if node is not None and not node.get("batched_chunks")])
-    steps = -(-rc.train_images // batch) * rc.epochs * rc.members
     return steps * rc.passes * chunks * GPU_PASS_FLOOR_S
 
 

@@ -287,3 +287,39 @@ def test_a_paper_page_prices_what_is_left(tmp_path, monkeypatch):
     broken = {"cell": "x", "runs_left": 1, "each": {"error": [None, "no such key"]}}
     head = next(ln for ln in _left_markdown({"row": "tiny", "left": [broken] + left}) if ln.startswith("| cell"))
     assert head == f"| cell | runs left | each on cpu | each on {cost.WINDOW_GPU} |"
+
+
+def test_linking_composes_each_cell_with_its_own_step_overrides(tmp_path, monkeypatch):
+    """A GPU window's step overrides differ per cell (flatness.batched_chunks only where the flatness has that key).
+    Linking once composed every cell of a row with the FIRST job's extras: with another row's finished run on disk,
+    the window's campaign died before its first job ('Could not override flatness.batched_chunks', H100, bedcb58)."""
+    from omegaconf import OmegaConf
+
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    monkeypatch.setattr(cost, "RECORDS_ROOT", tmp_path / "no_records")
+    out_root, results = tmp_path / "o", tmp_path / "r"
+    monkeypatch.setattr(launch, "OUTPUT_ROOT", out_root)
+    monkeypatch.setattr(archive, "ARCHIVE_ROOT", results)
+    plain = ["flatness=none", "trainer.epochs=4"]
+    for name, cells in [("src", {"plain": plain}),
+                        ("dst", {"sam": ["flatness=sam", "trainer.epochs=1"], "plain": plain})]:  # SAM: cheaper, first
+        (rows_dir / f"{name}.yaml").write_text(yaml.safe_dump(
+            {"row": name, "paper": "none", "title": name, "kind": "train", "axes": ["method"], "base": BASE,
+             "values": {"method": cells}, "seeds": [0], "scales": {"paper": {"overrides": []},
+                                                                    "smoke": {"overrides": []}}}))
+    src = launch.run_dir(out_root / "src" / "paper", "plain", 0)  # src's finished plain run: dst/plain is the same
+    src.mkdir(parents=True)
+    resolved = OmegaConf.to_container(launch.compose_cell(list(BASE) + plain + ["seed=0"]), resolve=True)
+    resolved["reproduce"] = {"row": "src", "cell": "plain", "scale": "paper"}
+    (src / "config_resolved.yaml").write_text(yaml.safe_dump(resolved))
+    (src / "results.json").write_text(json.dumps({"metrics": {"accuracy": 0.5}, "meta": {"seed": 0}}))
+
+    def step(cfg):  # what selfcheck.step_overrides gives a SAM cell and not a plain one
+        return ["flatness.batched_chunks=true"] if "batched_chunks" in (cfg.get("flatness") or {}) else []
+    p = campaign.plan(["dst"], device="cpu", out_root=out_root, results_root=results, extra_for=step)
+    assert [(j.cell.id, j.overrides) for j in p.jobs] == [("sam", ["flatness.batched_chunks=true"]), ("plain", [])]
+    assert campaign.link_reused(p) == ["dst/plain/seed0"]
+    assert [j.name for j in p.jobs] == ["dst/sam/seed0"]
+    assert launch.job_state(out_root / "dst" / "paper", "plain", 0)[0] == "done"

@@ -289,10 +289,11 @@ def _stop_mps() -> None:
 def link_reused(p: Plan) -> list[str]:
     """Jobs that another row's finished identical run provides (launch.reusable_runs): linked, not trained."""
     linked = []
-    for row_name in dict.fromkeys(j.row.row for j in p.jobs):
-        jobs = [j for j in p.jobs if j.row.row == row_name]
-        found = launch.reusable_runs([(j.cell, j.seed) for j in jobs], PAPER, jobs[0].out, list(jobs[0].overrides),
-                                     row_name)
+    # by row AND extras: a GPU window's step overrides differ per cell (flatness.batched_chunks only where the
+    # flatness has it), so one cell's extras composed onto another cell fail (H100 window of 2026-11-27, bedcb58)
+    for row_name, extras in dict.fromkeys((j.row.row, tuple(j.overrides)) for j in p.jobs):
+        jobs = [j for j in p.jobs if j.row.row == row_name and tuple(j.overrides) == extras]
+        found = launch.reusable_runs([(j.cell, j.seed) for j in jobs], PAPER, jobs[0].out, list(extras), row_name)
         for (cid, seed), src in found.items():
             launch.link_reused(jobs[0].out, cid, seed, src)
             linked.append(f"{row_name}/{cid}/seed{seed}")

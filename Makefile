@@ -164,7 +164,8 @@ regen: setup
 
 # ---------------------------------------------------------------------------- a lent GPU window (docs/cluster.md)
 #   make gpu-window PRINT=1 [MINUTES=9.5] [ROWS=...]   build .device/ (wheels, data, COMMIT, resume.tgz) and print
-#                                                      the device call: its carry list and command line
+#        [SELFCHECK=results/bench/<...>-selfcheck-<commit>.json]   the device call: its carry list and command line;
+#                                                      SELFCHECK: an earlier window's verdicts (same step code)
 #   make gpu-window DRY=1                              the whole chain on this CPU at tiny sizes, into $(WINDOW_OUT)
 #   make gpu-restore FROM=<files_at>                   merge the window's output into results/ (dry: FROM/restored/)
 CIFAR10    ?= ../shared/data/cifar10_jpeg.tar.gz
@@ -176,7 +177,8 @@ FROM       ?= $(WINDOW_OUT)
 .PHONY: gpu-window gpu-window-prepare gpu-restore
 gpu-window-prepare: setup
 	$(PY) -m flatbnn.bench.window_host prepare --minutes $(or $(MINUTES),9.5) $(if $(ROWS),--rows $(ROWS)) \
-		--cifar10 $(CIFAR10) --mnist-root $(MNIST_ROOT) --wheels $(WHEELS) --data $(WINDOW_DATA) --print
+		--cifar10 $(CIFAR10) --mnist-root $(MNIST_ROOT) --wheels $(WHEELS) --data $(WINDOW_DATA) --print \
+		$(if $(SELFCHECK),--selfcheck-from $(SELFCHECK))
 
 ifeq ($(DRY),1)
 gpu-window: setup

@@ -245,3 +245,37 @@ def test_the_limit_is_what_rounding_alone_produced():
     assert selfcheck.judge_limit("fp32", floor) >= 1.2e-3 > selfcheck.TOLERANCE["fp32"]
     assert selfcheck.judge_limit("fp32", floor) < 0.177 / 4  # a 4x margin below the frozen-lr drift
     assert selfcheck.judge_limit("fp32", 0.0) == selfcheck.TOLERANCE["fp32"]  # bit-identical eager: the fixed floor
+
+
+def test_a_carried_selfcheck_stands_only_on_the_device_torch_and_cuda_it_ran_on(tmp_path):
+    here = {"torch": "2.11.0+cu130", "cuda": "13.0", "device": "NVIDIA H100 80GB HBM3", "commit": "new", "date": "d2"}
+    old = {"versions": {**here, "commit": "old", "date": "d1"}, "usable": ["eager", "bsam_m8"],
+           "paths": {"eager": {"ok": True}, "bsam_m8": {"ok": True}, "compiled": {"ok": False, "reason": "x"}},
+           "procs": {"chosen": 2}, "window": {"minutes": 9.5}}
+    assert window.reused_selfcheck(tmp_path, here) == (None, "none carried")
+    (tmp_path / window.REUSED_SELFCHECK).write_text(json.dumps(old))
+    report, why = window.reused_selfcheck(tmp_path, here)
+    assert why == "" and report["usable"] == ["eager", "bsam_m8"] and report["procs"]["chosen"] == 2
+    assert report["versions"] == here and report["reused"]["commit"] == "old" and "window" not in report
+    for key, other in (("device", "NVIDIA H200"), ("torch", "2.12.0"), ("cuda", "12.8")):
+        report, why = window.reused_selfcheck(tmp_path, {**here, key: other})
+        assert report is None and why.startswith("it ran elsewhere: ") and f"here {other!r}" in why
+
+
+def test_prepare_carries_a_selfcheck_only_while_the_step_code_is_the_one_it_checked(tmp_path):
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+
+    head = git("rev-parse", "HEAD")
+    before = git("rev-list", "-1", "HEAD", "--", "flatbnn/bench/selfcheck.py") + "^"  # the check's code differs
+    gpu = {"versions": {"device": "NVIDIA H100 80GB HBM3", "commit": head, "dry_run": False}, "paths": {},
+           "usable": []}
+    for name, report in (("ok", gpu), ("dry", {**gpu, "versions": {**gpu["versions"], "dry_run": True,
+                                                                   "device": "cpu"}}),
+                         ("old", {**gpu, "versions": {**gpu["versions"], "commit": git("rev-parse", before)}})):
+        (tmp_path / f"{name}.json").write_text(json.dumps(report))
+    assert window_host.reusable_selfcheck(tmp_path / "ok.json")["versions"]["commit"] == head
+    with pytest.raises(window_host.WindowError, match="not a GPU self-check"):
+        window_host.reusable_selfcheck(tmp_path / "dry.json")
+    with pytest.raises(window_host.WindowError, match=r"step code changed since .*flatbnn/bench/selfcheck.py"):
+        window_host.reusable_selfcheck(tmp_path / "old.json")

@@ -5,8 +5,9 @@ the campaign for the minutes left, and the output packed for ``make gpu-restore`
     python -m flatbnn.bench.window --dry-run --minutes 2.5 --out /tmp/w            # CPU, tiny sizes (CI)
 
 Timeline, all counted from the start: unpack the carried data (``--data-dir``: wheels/, cifar10_jpeg.tar.gz,
-mnist.tar.xz, fashion_mnist.tar.xz, resume.tgz, COMMIT: flatbnn/bench/window_host.py writes it), the self-check
-(flatbnn/bench/selfcheck.py, at most SELFCHECK_S), the process count (aggregate images/s of 1, 2, 4 processes), then
+mnist.tar.xz, fashion_mnist.tar.xz, resume.tgz, COMMIT, selfcheck_reused.json: flatbnn/bench/window_host.py writes
+it), the self-check (flatbnn/bench/selfcheck.py, at most SELFCHECK_S; or an earlier window's, carried, when this
+machine's device, torch and CUDA are the ones it ran on), the process count (aggregate images/s of 1, 2, 4 processes), then
 scripts/campaign.py with the self-check's usable paths per cell (``--selfcheck``) until PACK_RESERVE_S before the
 end; then the packing. ``$OUT`` gets OUT_FILES, flat, each within FILE_LIMIT: the self-check and the log are written
 as they grow, so a window cut short still returns them.
@@ -15,6 +16,7 @@ as they grow, so a window cut short still returns them.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -50,6 +52,35 @@ DRY_ROWS = ["bsam_t6"]        # MNIST-scale cells: train.py jobs of a few second
 DRY_EXTRA = ["trainer.epochs=4", "trainer.progress=false", "trainer.reliability_diagram=false", "trainer.num_workers=0"]
 DATA_FILES = {"cifar10": "cifar10_jpeg.tar.gz", "mnist": "mnist.tar.xz", "fashion_mnist": "fashion_mnist.tar.xz"}
 MNIST_FOLDERS = {"mnist": "MNIST", "fashion_mnist": "FashionMNIST"}
+
+
+REUSED_SELFCHECK = "selfcheck_reused.json"  # in --data-dir: an earlier window's self-check (window_host prepare
+#                                          --selfcheck-from checked its step code is this commit's)
+MATCH_KEYS = ("device", "torch", "cuda")    # what must equal this machine's for that verdict to stand here
+
+
+def reused_selfcheck(data_dir: Path | None, here: dict) -> tuple[dict | None, str]:
+    """(the carried self-check made this machine's, '') when its device, torch and CUDA are ``here``'s; else
+    (None, why). Its paths, verdicts and images/s stand; ``versions`` become this run's, ``reused`` says whence."""
+    f = data_dir / REUSED_SELFCHECK if data_dir is not None else None
+    if f is None or not f.is_file():
+        return None, "none carried"
+    old = json.loads(f.read_text())
+    was = old.get("versions") or {}
+    differ = [f"{k} {was.get(k)!r} here {here.get(k)!r}" for k in MATCH_KEYS if was.get(k) != here.get(k)]
+    if differ:
+        return None, "it ran elsewhere: " + ", ".join(differ)
+    report = {**old, "versions": here,
+              "reused": {k: was.get(k) for k in ("commit", "date", "device", "torch", "cuda")}}
+    report.pop("window", None)
+    return report, ""
+
+
+def _versions_here(dry: bool) -> dict:
+    """selfcheck.versions in a child: CUDA is never started in this process (it would hold the GPU all window)."""
+    code = f"import json; from flatbnn.bench.selfcheck import versions; print(json.dumps(versions({dry})))"
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    return json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 and res.stdout.strip() else {}
 
 
 class Log:
@@ -211,8 +242,19 @@ def run_window(out: Path, *, minutes: float, dry: bool, data_dir: Path | None, r
         # MINUTES bounds only the campaign there (DRY_CAMPAIGN_S at most), not the self-check
         sc_budget = DRY_SELFCHECK_S
         caps = {p.name: sc_budget for p in selfcheck.PATHS} | dict(caps or {})
-    report = selfcheck.run_selfcheck(out / "selfcheck.json", dry=dry, budget_s=sc_budget, caps=caps, parallel=dry,
-                                     log=log)
+    report, why = reused_selfcheck(data_dir, _versions_here(dry)) if data_dir is not None else (None, "")
+    if report is not None:
+        selfcheck.write_json(out / "selfcheck.json", report)
+        log(f"self-check: reused from commit {str(report['reused']['commit'])[:8]} of {report['reused']['date']} "
+            f"(same device, torch, CUDA; same step code): usable {', '.join(report['usable'])}")
+        if procs is None and (report.get("procs") or {}).get("chosen"):
+            procs = int(report["procs"]["chosen"])
+            log(f"procs: {procs} at once, as that window measured")
+    else:
+        if why and why != "none carried":
+            log(f"self-check: the carried one is not reused ({why}): checking here")
+        report = selfcheck.run_selfcheck(out / "selfcheck.json", dry=dry, budget_s=sc_budget, caps=caps,
+                                         parallel=dry, log=log)
     summary["usable"] = report["usable"]
     summary["not_used"] = {n: r["reason"] for n, r in report["paths"].items() if not r.get("ok")}
     mark("selfcheck")

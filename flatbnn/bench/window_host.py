@@ -6,7 +6,8 @@ call; ``restore`` merges what the window returned (flatbnn/bench/window.py) into
 
 ``prepare`` fills ``.device/`` (git-ignored): the hydra / omegaconf / antlr wheels the device lacks, the CIFAR-10
 archive, MNIST and Fashion-MNIST as xz tars of their idx files (gzip leaves 42 MB, xz ~35), COMMIT (the device copy
-has no .git), and keeps ``resume.tgz`` (the last window's unfinished runs, put there by ``restore``). It refuses,
+has no .git), with ``--selfcheck-from`` an earlier window's self-check whose step code is HEAD's (selfcheck_reused.json:
+the window skips its own where device, torch and CUDA match), and keeps ``resume.tgz`` (the last window's unfinished runs, put there by ``restore``). It refuses,
 naming what to drop, when the working tree plus ``.device/`` would pass the device tool's 64 MiB.
 ``restore`` unpacks ``FROM/campaign.tgz`` (records and comparisons into results/reproduce, unfinished run dirs into
 outputs/reproduce), copies the self-check to results/bench/<device>-<date>-selfcheck-<commit>.json, regenerates the
@@ -26,7 +27,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from flatbnn.bench.window import DATA_FILES, MNIST_FOLDERS, OUT_FILES
+from flatbnn.bench.window import DATA_FILES, MNIST_FOLDERS, OUT_FILES, REUSED_SELFCHECK
 from flatbnn.reproduce.spec import SpecError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,14 +53,48 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
 
 
+def _tar_size(f: Path) -> int:
+    """A file's size as a tar holds it: a 512-byte header, the data padded to 512. The device tool refused 62.79 MiB
+    of file bytes (2026-11-27): its ~1,650 files' headers and padding add ~1.2 MiB."""
+    return 512 + -(-f.stat().st_size // 512) * 512
+
+
 def tree_bytes() -> int:
     """What the device tool sends besides the carried paths: tracked files and untracked files git does not ignore."""
     names = _git("ls-files", "-z").split("\0") + _git("ls-files", "-z", "--others", "--exclude-standard").split("\0")
-    return sum((REPO / n).stat().st_size for n in set(names) if n and (REPO / n).is_file())
+    return sum(_tar_size(REPO / n) for n in set(names) if n and (REPO / n).is_file())
 
 
 def folder_bytes(d: Path) -> int:
-    return sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+    return sum(_tar_size(f) for f in d.rglob("*") if f.is_file())
+
+
+# what a self-check verdict depends on: the step code (engine, methods, flatness, models, the check itself); not
+# the campaign, the reproduction runner or the window around it
+STEP_CODE_EXCLUDED = ("flatbnn/reproduce", "flatbnn/bench/window.py", "flatbnn/bench/window_host.py")
+
+
+def reusable_selfcheck(f: Path) -> dict:
+    """An earlier window's self-check that this commit may carry instead of checking again: a GPU one (not a dry
+    run) with a commit whose step code equals HEAD's. Raises WindowError naming why not."""
+    try:
+        report = json.loads(Path(f).read_text())
+    except (OSError, ValueError) as e:
+        raise WindowError(f"--selfcheck-from {f}: not a self-check JSON ({e})") from None
+    v = report.get("versions") or {}
+    if v.get("dry_run") or v.get("device") in (None, "cpu") or not isinstance(report.get("paths"), dict):
+        raise WindowError(f"--selfcheck-from {f}: not a GPU self-check (device {v.get('device')!r})")
+    commit = str(v.get("commit") or "")
+    try:
+        _git("cat-file", "-e", f"{commit}^{{commit}}")
+    except subprocess.CalledProcessError:
+        raise WindowError(f"--selfcheck-from {f}: its commit {commit[:8] or '(none)'} is not in this clone") from None
+    changed = _git("diff", "--name-only", commit, "HEAD", "--", "flatbnn",
+                   *(f":(exclude){x}" for x in STEP_CODE_EXCLUDED)).split()
+    if changed:
+        raise WindowError(f"--selfcheck-from {f}: the step code changed since {commit[:8]} ({', '.join(changed[:3])}"
+                          f"{', ...' if len(changed) > 3 else ''}): the window must check again")
+    return report
 
 
 def command(minutes: float, rows: str | None = None) -> str:
@@ -73,8 +108,14 @@ def command(minutes: float, rows: str | None = None) -> str:
 
 
 def prepare(dest: Path = DEVICE_DIR, *, cifar10: Path | None, mnist_root: Path | None, wheels: Path,
-            data: list[str], log=print) -> dict:
+            data: list[str], selfcheck_from: Path | None = None, log=print) -> dict:
     """Fill ``dest`` (see the module docstring); returns {"bytes": {...}, "total": n}."""
+    if selfcheck_from is not None:
+        reused = reusable_selfcheck(selfcheck_from)
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / REUSED_SELFCHECK).write_text(json.dumps(reused, indent=1))
+    else:
+        (dest / REUSED_SELFCHECK).unlink(missing_ok=True)  # never a stale one: each window checks unless told
     unknown = [d for d in data if d not in DATA_FILES]
     if unknown:
         raise WindowError(f"data {unknown}: known are {', '.join(DATA_FILES)}")
@@ -210,6 +251,9 @@ def main(argv=None) -> int:
     p.add_argument("--wheels", type=Path, default=SHARED / "wheels")
     p.add_argument("--data", default=",".join(DATA_FILES), help="data sets to carry (default: all three)")
     p.add_argument("--print", action="store_true", help="print the carry list and the command (after preparing)")
+    p.add_argument("--selfcheck-from", type=Path, default=None,
+                   help="an earlier window's self-check (results/bench/*-selfcheck-*.json) to carry: the window skips "
+                        "its own when device, torch and CUDA match and the step code is unchanged since")
     r = sub.add_parser("restore", help="merge a window's output into results/")
     r.add_argument("src", type=Path, metavar="FROM")
     r.add_argument("--results", type=Path, default=None)
@@ -222,7 +266,7 @@ def main(argv=None) -> int:
             if not 0 < args.minutes <= 9.5:
                 raise WindowError(f"--minutes {args.minutes:g}: one device command runs at most 10 minutes")
             res = prepare(cifar10=args.cifar10, mnist_root=args.mnist_root, wheels=args.wheels,
-                          data=[d for d in args.data.split(",") if d])
+                          data=[d for d in args.data.split(",") if d], selfcheck_from=args.selfcheck_from)
             for k, b in res["bytes"].items():
                 print(f"prepare: .device/{k}: {b / 2**20:.2f} MiB")
             print(f"prepare: the tree {res['tree'] / 2**20:.2f} MiB; all that travels {res['total'] / 2**20:.2f} MiB "

@@ -37,10 +37,11 @@ ASSUMED_TFLOPS = {"gpu": 25.0, "cpu": 0.02}
 # reproduce/bsam_t6/paper/runs/mnist/mlp/sgd/seed1), where the FLOP rate said ~1 s for the run. Each pass of each
 # sub-batch (SAM / bSAM / VOGN's m) pays it; without this the window queued bSAM m=8 MLP runs as '~2 s' (each ~25 min).
 GPU_PASS_FLOOR_S = 2.75e-3
-# A captured step (trainer.cuda_graph) replays all its passes in one launch: only its replay, the batch copy and the
-# Python around it remain. 0.5 ms is an assumption (no MLP replay has been timed yet), kept well below the eager
-# floor so the window tries such a run (an unfinished one resumes in the next window, nothing is lost).
-GPU_GRAPH_STEP_FLOOR_S = 0.5e-3
+# A captured step (trainer.cuda_graph) still pays per pass and sub-batch, only less: bSAM m = 8 on the MNIST MLP
+# replayed at a median 8,029 images/s (24.9 ms per step of 2 x 8 passes, 2 processes at once) in the H100 window of
+# commit c942193 (outputs of bsam_t3 mnist/mlp/bsam_no_noise seed 0, 23 epochs). The 0.5 ms per whole step assumed
+# before had queued those runs as '~18 s' (each ~15 min).
+GPU_GRAPH_PASS_FLOOR_S = 1.55e-3
 
 # (train, test) images of each data set's standard split, for configs that do not subset it.
 SPLIT_SIZES = {
@@ -310,7 +311,7 @@ def estimate(cfg, device: str) -> Estimate:
     if kind == "gpu":
         floor = gpu_overhead_floor(cfg, rc)
         if floor > seconds:
-            per = (f"{GPU_GRAPH_STEP_FLOOR_S * 1e3:g} ms per graphed step" if _graphed(cfg)
+            per = (f"{GPU_GRAPH_PASS_FLOOR_S * 1e3:g} ms per graphed pass" if _graphed(cfg)
                    else f"{GPU_PASS_FLOOR_S * 1e3:g} ms per pass")
             seconds, basis = floor, f"assumed: {per} on {device} (launch-bound)"
     return Estimate(seconds, Rate(rc.train_images * rc.epochs * rc.members / seconds, basis, False))
@@ -321,14 +322,12 @@ def _graphed(cfg) -> bool:
 
 
 def gpu_overhead_floor(cfg, rc: RunCost) -> float:
-    """Seconds a run cannot beat on a GPU: its steps x passes x sub-batches at GPU_PASS_FLOOR_S each, or its steps
-    at GPU_GRAPH_STEP_FLOOR_S when the step is captured."""
+    """Seconds a run cannot beat on a GPU: its steps x passes x sub-batches at GPU_PASS_FLOOR_S each, or at
+    GPU_GRAPH_PASS_FLOOR_S when the step is captured."""
     steps = -(-rc.train_images // int(cfg.trainer.get("batch_size") or 128)) * rc.epochs * rc.members
-    if _graphed(cfg):
-        return steps * GPU_GRAPH_STEP_FLOOR_S
     chunks = max([1] + [int(node.get("m") or 1) for node in (cfg.get("flatness"), cfg.method)
                         if node is not None and not node.get("batched_chunks")])
-    return steps * rc.passes * chunks * GPU_PASS_FLOOR_S
+    return steps * rc.passes * chunks * (GPU_GRAPH_PASS_FLOOR_S if _graphed(cfg) else GPU_PASS_FLOOR_S)
 
 
 def fmt_duration(seconds: float) -> str:

@@ -162,7 +162,8 @@ def prepare(dest: Path = DEVICE_DIR, *, cifar10: Path | None, mnist_root: Path |
     if total > CARRY_LIMIT:
         raise WindowError(f"the tree ({tree / 2**20:.1f} MiB) + {dest.name}/ ({folder_bytes(dest) / 2**20:.1f} MiB) = "
                           f"{total / 2**20:.1f} MiB, over the device tool's 64 MiB: drop a data set whose cells are "
-                          f"done (DATA=cifar10,mnist,...) or {dest.name}/resume.tgz (its runs start over)")
+                          f"done (make gpu-window WINDOW_DATA=mnist,fashion_mnist, ...) or {dest.name}/resume.tgz (its runs "
+                          f"start over)")
     return res
 
 

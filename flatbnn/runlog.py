@@ -1,5 +1,6 @@
-"""The run in progress's console lines and ``<run dir>/train.log`` (:class:`RunReport`), and :func:`warn`, which
-any layer may call (metrics warn about non-finite predictions): it also writes into the running run's train.log.
+"""The run in progress's console lines and ``<run dir>/train.log`` (:class:`RunReport`), and :func:`warn` / :func:`note`,
+which any layer may call (metrics warn about non-finite predictions): they also write into the running run's
+train.log.
 What the engine says (start-up line, config tree, final line) is in flatbnn/engine/report.py. Imports nothing of
 flatbnn."""
 
@@ -20,6 +21,14 @@ def warn(line: str) -> None:
         _active.warn(line)
     else:
         print(f"flatbnn: warning: {line}", file=sys.stderr, flush=True)
+
+
+def note(line: str) -> None:
+    """``line`` on stderr, and in the running run's train.log (if one is running): a fact about how it ran."""
+    if _active is not None:
+        _active.note(line)
+    else:
+        print(line, file=sys.stderr, flush=True)
 
 
 class RunReport:

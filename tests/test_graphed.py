@@ -44,6 +44,26 @@ def _batches():
     return [(torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g)) for n in sizes]
 
 
+def test_the_graphed_step_counts_what_ran_for_the_record():
+    """results.json's meta.cuda_graph: a window's run must say whether the graph ran (H100 window of c942193: a
+    bSAM MLP run at 8.0k img/s whose log no longer showed whether its step had been captured)."""
+    method, flat = MAP(), SAM(rho=0.05, rho_schedule="lr")
+    _, bp = _setup(method, flat, "sgd")
+    step = graphed.GraphedStep(method, flat, bp, capture=DirectCalls(), log=lambda s: None)
+    for batch in _batches():  # 8, 8, 8, 5, 8, 8: the short one eager, the graph captured once
+        flat.set_lr_ratio(method.lr_ratio())
+        step(batch, flat, bp)
+    assert step.summary() == {"replayed_steps": 5, "eager_steps": 1, "captures": 1, "eager_reasons": [
+        "a batch of shape (5, 6), the graph holds (8, 6) (the short last batch; each other shape would need its "
+        "own graph)"]}
+    failed = graphed.GraphedStep(method, flat, bp, capture=_CaptureRaises(), log=lambda s: None)
+    for batch in _batches()[:2]:
+        failed(batch, flat, bp)
+    got = failed.summary()
+    assert (got["replayed_steps"], got["eager_steps"], got["captures"]) == (0, 2, 0)
+    assert got["eager_reasons"][0].startswith("the CUDA-graph capture failed")
+
+
 def _run(graph: bool, opt="sgd", backend=None):
     method, flat = MAP(), SAM(rho=0.05, rho_schedule="lr")
     module, bp = _setup(method, flat, opt)
@@ -69,7 +89,8 @@ def test_graphed_protocol_gives_the_eager_run_bit_for_bit(opt):
     assert [float(x) for x in eager[1]] == [float(x) for x in graph[1]]  # each step's own loss (copies)
     assert len(eager[2]) == len(graph[2]) and all(torch.equal(a, b) for a, b in zip(eager[2], graph[2]))
     assert eager[3] == graph[3] and eager[4] == graph[4]  # train accuracy counts, lr after 6 scheduler steps
-    assert graph[5] == ["trainer.cuda_graph: eager step: a batch of shape (5, 6), the graph holds (8, 6) "
+    assert graph[5] == ["trainer.cuda_graph: step captured (batch (8, 6)); replaying it",
+                        "trainer.cuda_graph: eager step: a batch of shape (5, 6), the graph holds (8, 6) "
                         "(the short last batch; each other shape would need its own graph)"]  # once, one line
 
 

@@ -186,7 +186,14 @@ class GraphedStep:
         self.backend = capture if capture is not None else CudaGraphCapture(backprop.device, [
             g for g in gens if g.device.type == "cuda"])
         self.capture_failed: str | None = None  # set once a capture raised: every later step is eager
+        # what ran, for results.json (``summary``): a window's record must say whether its step was the graph
+        self.replayed_steps = self.eager_steps = self.captures = 0
         self.invalidate()
+
+    def summary(self) -> dict:
+        """This process's steps: replayed from the graph, run eagerly (and why), captures made."""
+        return {"replayed_steps": self.replayed_steps, "eager_steps": self.eager_steps, "captures": self.captures,
+                "eager_reasons": sorted(self._told)}
 
     # ---------------------------------------------------------------- decisions
     def fallback_reason(self, batch) -> str | None:
@@ -233,12 +240,18 @@ class GraphedStep:
             if reason not in self._told:
                 self._told.add(reason)
                 self.log(f"trainer.cuda_graph: eager step: {reason}")
+            self.eager_steps += 1
             return self.method.train_step(batch, self.flatness, self.backprop)
-        if self.replay is None and not self._capture(batch):
-            return self(batch)  # the capture failed: said once, and this step runs eagerly
+        if self.replay is None:
+            if not self._capture(batch):
+                return self(batch)  # the capture failed: said once, and this step runs eagerly
+            self.captures += 1
+            if self.captures == 1:
+                self.log(f"trainer.cuda_graph: step captured (batch {tuple(batch[0].shape)}); replaying it")
         with torch.no_grad():
             torch._foreach_copy_(list(self.static_batch), list(batch))
         self.replay()
+        self.replayed_steps += 1
         m = self.method
         if not getattr(self.backend, "replays_python", False):
             m._seen += self.seen_per_step  # the host-side example count the graph cannot advance

@@ -15,6 +15,7 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from flatbnn import runlog
 from flatbnn.engine import distributed as D
 from flatbnn.engine import graphed
 from flatbnn.engine.build import Built, build, run_dir_from_hydra
@@ -70,7 +71,7 @@ def _train_and_evaluate(b: Built, claim: "Claim", t_start: float, git_start: dic
                       limit_train_batches=tc.limit_train_batches, channels_last=tc.channels_last)
     if tc.get("cuda_graph"):  # captured on the first step of this process: after any resume below
         trainer.train_step = graphed.GraphedStep(
-            method, b.flatness, b.backprop, log=lambda line: info.is_main and print(line, file=sys.stderr))
+            method, b.flatness, b.backprop, log=lambda line: info.is_main and runlog.note(line))
     ckpt = b.resume_ckpt
     if ckpt is not None:
         fresh = optimizer_snapshot(method)  # this config's hyperparameters, before the checkpoint's replace them
@@ -131,6 +132,8 @@ def _train_and_evaluate(b: Built, claim: "Claim", t_start: float, git_start: dic
                             model_name=_model_name(cfg), run_dir=run_dir, git_segments=git_segments)
         if history:  # values changed on a resume (trainer.resume_overrides): where and what
             meta["resume_changes"] = history
+        if isinstance(trainer.train_step, graphed.GraphedStep):  # whether the graph really ran (this process)
+            meta["cuda_graph"] = trainer.train_step.summary()
         results = {"metrics": metrics, "meta": meta}
         from flatbnn.engine.preemption import check_stop
         check_stop()  # a stop signal during the final evaluation whose Preempted was swallowed: exit 75, not 0

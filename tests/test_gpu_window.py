@@ -279,3 +279,15 @@ def test_prepare_carries_a_selfcheck_only_while_the_step_code_is_the_one_it_chec
         window_host.reusable_selfcheck(tmp_path / "dry.json")
     with pytest.raises(window_host.WindowError, match=r"step code changed since .*flatbnn/bench/selfcheck.py"):
         window_host.reusable_selfcheck(tmp_path / "old.json")
+
+
+def test_a_job_log_keeps_its_start_and_its_end():
+    """The window returned a bSAM job's last 64 KiB of progress bars: its start-up lines (device, the step's
+    capture) were gone. Now the first JOBLOG_HEAD and the last JOBLOG_TAIL bytes, the cut marked."""
+    start, end = b"flatbnn: mnist | mlp | cuda:0\ntrainer.cuda_graph: step captured\n", b"flatbnn: stopped\n"
+    log = start + b"x" * (window.JOBLOG_HEAD + window.JOBLOG_TAIL) + end
+    got = window.log_excerpt(log)
+    assert got.startswith(start) and got.endswith(end) and len(got) < window.JOBLOG_HEAD + window.JOBLOG_TAIL + 64
+    cut = len(log) - window.JOBLOG_HEAD - window.JOBLOG_TAIL
+    assert f"[... {cut} bytes left out ...]".encode() in got
+    assert window.log_excerpt(start + end) == start + end

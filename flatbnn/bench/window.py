@@ -39,10 +39,11 @@ OUT_FILES = {                 # name in $OUT -> what it holds (make gpu-restore 
     "selfcheck.json": "the self-check: versions, each path's max relative difference, images/s, usable, procs",
     "window.log": "this window's log, the campaign's included",
     "campaign.tgz": "the campaign's archive: touched rows' records + comparisons, unfinished run dirs (checkpoints)",
-    "joblogs.tgz": "each campaign job's train.py log (the last JOBLOG_TAIL bytes of each)",
+    "joblogs.tgz": "each campaign job's train.py log (its first JOBLOG_HEAD and last JOBLOG_TAIL bytes)",
     "window.json": "the summary: timeline, chosen processes and paths, the campaign's result, these files' sizes",
 }
-JOBLOG_TAIL = 64 * 1024
+JOBLOG_HEAD = 16 * 1024     # the start-up lines (data, network, device, the step's capture) ...
+JOBLOG_TAIL = 48 * 1024     # ... and the end (progress bars fill the middle)
 DRY_SELFCHECK_S = 300.0      # the dry run's self-check: its cap (CI's CPU takes ~30 s, a loaded 2-core box minutes)
 DRY_CAMPAIGN_S = 120.0       # the dry run's campaign: a few tiny jobs (CI minutes; on a CPU a job that cannot finish
 #                               in what is left is not started, so the resume path has its own test)
@@ -178,14 +179,22 @@ def run_campaign(out: Path, *, budget_s: float, procs: int, data: dict[str, str]
     return rc
 
 
+def log_excerpt(data: bytes) -> bytes:
+    """A job log's first JOBLOG_HEAD and last JOBLOG_TAIL bytes, the cut marked; a shorter log whole."""
+    if len(data) <= JOBLOG_HEAD + JOBLOG_TAIL:
+        return data
+    cut = len(data) - JOBLOG_HEAD - JOBLOG_TAIL
+    return data[:JOBLOG_HEAD] + f"\n[... {cut} bytes left out ...]\n".encode() + data[-JOBLOG_TAIL:]
+
+
 def pack_joblogs(runs_root: Path, dest: Path) -> int:
-    """The campaign jobs' logs (``<runs>/<row>/paper/.campaign/*.log``), the last JOBLOG_TAIL bytes of each."""
+    """The campaign jobs' logs (``<runs>/<row>/paper/.campaign/*.log``), each as ``log_excerpt``."""
     import io
 
     tmp = dest.with_name(f".{dest.name}.tmp")
     with tarfile.open(tmp, "w:gz") as tar:
         for f in sorted(runs_root.glob("*/paper/.campaign/*.log")):
-            data = f.read_bytes()[-JOBLOG_TAIL:]
+            data = log_excerpt(f.read_bytes())
             info = tarfile.TarInfo(f"{f.parent.parent.parent.name}/{f.name}")
             info.size, info.mtime = len(data), int(f.stat().st_mtime)
             tar.addfile(info, io.BytesIO(data))

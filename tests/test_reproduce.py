@@ -201,6 +201,12 @@ def test_status_board_lists_every_row_with_its_state(tmp_path, monkeypatch):
     line4 = next(x for x in status.render().splitlines() if x.startswith("| `fsam_t4`"))
     assert "**1 stale**" in line4 and "direction agrees 1/1 (1 undecided: a tie or a cell at chance)" in line4
     assert "1/2 pairs beyond seed noise" in line4
+    # a paper page with nothing run yet is a priced queue, not a comparison missing its records
+    (tmp_path / "hwa_fig1").mkdir()
+    (tmp_path / "hwa_fig1" / "paper.json").write_text(json.dumps(
+        {"jobs": {"mnist/hwa": {"0": "pending", "1": "pending"}}, "failed": {}, "blocked": {}, "budget": {}}))
+    line5 = next(x for x in status.render().splitlines() if x.startswith("| `hwa_fig1`"))
+    assert line5.endswith("| paper: not run (0/2 jobs; each run's cost under 'Still to run') |")
 
 
 def test_cli_check_and_missing_row_are_one_line():

@@ -51,6 +51,8 @@ def _scale_state(row, scale: str) -> str:
     if c.get("stale"):
         parts.append(f"**{len(c['stale'])} stale** (trained with another config than the spec's)")
     word = "passed" if total and done == total and not failed else ("**failed**" if failed else "partial")
+    if scale == "paper" and not done and not failed and not c.get("stale"):  # a page of what is left, priced
+        return f"{link}: not run (0/{total} jobs; each run's cost under 'Still to run')"
     if scale == "smoke":
         return f"{word}: {', '.join(parts)} @ {commits}"
     agree = [d for d in c.get("direction") or [] if d.get("agree") is not None]

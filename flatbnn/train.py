@@ -16,6 +16,7 @@ if __name__ == "__main__":
     exit_on_stop_signals()
 
 import os  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import traceback  # noqa: E402
@@ -109,6 +110,13 @@ def main(cfg: DictConfig) -> float | None:
                  results_path, way_back=True)
             sys.exit(EXIT_INTERRUPTED)
         except Exception as e:  # known, actionable errors become one line; anything else keeps its traceback
+            if guard.fired and guard.signum is not None:
+                # the stop signal's Preempted was caught inside a library, which raised its own error instead
+                # (matplotlib drawing the reliability diagram: 'Invalid bounding box'): the stop, not a failure
+                preemption.stop(Preempted(f"stopped by {signal.Signals(guard.signum).name} outside the training "
+                                          f"loop", guard.signum), guard, results=results_path, mtime_before=before,
+                                exit_preempted=EXIT_PREEMPTED, say=lambda line: _say(line, results_path, way_back=True))
+                return None
             guard.fired = True
             _failed(e, one_line_error(e), dist_failure_line(e, cfg.trainer.get("dist_timeout_s")),
                     run_dir_from_hydra, cfg)

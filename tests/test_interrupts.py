@@ -506,3 +506,30 @@ def test_a_stop_signal_between_a_workers_fork_and_its_init_does_not_kill_it():
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(8.0)), batch_size=4,
                                          num_workers=1, worker_init_fn=init)
     assert [b[0].tolist() for b in workers_forked_deaf(loader)] == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
+
+
+@pytest.mark.parametrize("where, code", [("save_reliability_diagram", 0), ("final_evaluate", 75)])
+def test_a_stop_signal_a_library_turned_into_its_own_error_is_still_the_stop(tmp_path, where, code):
+    """A SIGTERM while matplotlib drew the reliability diagram came back as 'flatbnn: error: Invalid bounding box',
+    exit 2 (CI, tests/test_cluster.py, 2026-11-27): matplotlib caught our Preempted and raised its own error. Any
+    error after a stop signal is the stop: exit 0 once results.json is written, else 75 with the way back."""
+    run_dir = tmp_path / "run"
+    args = SMALL + ["trainer.epochs=1", "trainer.progress=false", "trainer.reliability_diagram=true",
+                    f"hydra.run.dir={run_dir}"]
+    code_ = ("import os, runpy, signal, sys; import flatbnn.engine.run as R\n"
+             f"def hit(*a, **k):\n"
+             "    try:\n"
+             "        os.kill(os.getpid(), signal.SIGTERM)\n"
+             "    except Exception:\n"  # what a library that catches everything does with our Preempted
+             "        pass\n"
+             "    raise ValueError('Invalid bounding box')\n"
+             f"R.{where} = hit\n"
+             f"sys.argv = ['train.py'] + {args!r}\n"
+             f"runpy.run_path({str(REPO / 'train.py')!r}, run_name='__main__')\n")
+    p = subprocess.run([sys.executable, "-c", code_], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert p.returncode == code, p.stderr[-1500:]
+    assert "Invalid bounding box" not in p.stderr and "stopped by SIGTERM outside the training loop" in p.stderr
+    assert (run_dir / "results.json").exists() == (code == 0)
+    if code == 75:
+        assert "to resume:" in p.stderr

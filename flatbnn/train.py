@@ -16,7 +16,6 @@ if __name__ == "__main__":
     exit_on_stop_signals()
 
 import os  # noqa: E402
-import signal  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import traceback  # noqa: E402
@@ -91,6 +90,11 @@ def main(cfg: DictConfig) -> float | None:
     from flatbnn.engine.trainer import Preempted
 
     results_path, before = None, None
+
+    def stop(exc: Preempted) -> None:
+        preemption.stop(exc, guard, results=results_path, mtime_before=before, exit_preempted=EXIT_PREEMPTED,
+                        say=lambda line: _say(line, results_path, way_back=True))
+
     # a stop signal anywhere in the job (not only in the training loop) ends in exit 0 or 75, never 143
     with preemption.JobSignals() as guard:
         try:
@@ -102,21 +106,16 @@ def main(cfg: DictConfig) -> float | None:
             _check_composition(cfg)
             results = run(cfg, run_dir=run_dir)
         except Preempted as e:
-            preemption.stop(e, guard, results=results_path, mtime_before=before, exit_preempted=EXIT_PREEMPTED,
-                            say=lambda line: _say(line, results_path, way_back=True))
+            stop(e)
             return None
         except KeyboardInterrupt:  # a second Ctrl-C (or one before the handlers were installed): at once
             _say("flatbnn: interrupted (Ctrl-C twice): stopped at once; the last checkpoint written is kept",
                  results_path, way_back=True)
             sys.exit(EXIT_INTERRUPTED)
         except Exception as e:  # known, actionable errors become one line; anything else keeps its traceback
-            if guard.fired and guard.signum is not None:
-                # the stop signal's Preempted was caught inside a library, which raised its own error instead
-                # (matplotlib drawing the reliability diagram: 'Invalid bounding box'): the stop, not a failure
-                preemption.stop(Preempted(f"stopped by {signal.Signals(guard.signum).name} outside the training "
-                                          f"loop", guard.signum), guard, results=results_path, mtime_before=before,
-                                exit_preempted=EXIT_PREEMPTED, say=lambda line: _say(line, results_path, way_back=True))
-                return None
+            if guard.signum is not None:  # a library caught the stop signal's Preempted and raised its own error
+                stop(guard.preempted())   # instead (matplotlib drawing the reliability diagram: 'Invalid bounding
+                return None               # box'): the stop, not a failure
             guard.fired = True
             _failed(e, one_line_error(e), dist_failure_line(e, cfg.trainer.get("dist_timeout_s")),
                     run_dir_from_hydra, cfg)

@@ -52,7 +52,14 @@ class JobSignals:
                 raise KeyboardInterrupt
             return
         self.fired, self.signum = True, signum
-        raise Preempted(f"stopped by {signal.Signals(signum).name} outside the training loop", signum)
+        raise self.preempted()
+
+    def preempted(self) -> Preempted | None:
+        """The ``Preempted`` of the stop signal that arrived (None before one did): raised by the handler, and again
+        by ``check_stop`` / train.py where a library swallowed it."""
+        if self.signum is None:
+            return None
+        return Preempted(f"stopped by {signal.Signals(self.signum).name} outside the training loop", self.signum)
 
     def _unraisable_hook(self, unraisable):
         # our Preempted raised where Python ignores exceptions (a fork hook, __del__): check_stop raises it again
@@ -80,9 +87,9 @@ def check_stop() -> None:
     it was raised (Python ignores exceptions in fork hooks -- a DataLoader starting its workers -- and in
     ``__del__``; a library may catch ``Exception``): called before results.json is written, so a stopped run
     exits 75 instead of finishing as if never asked to stop."""
-    guard = _active
-    if guard is not None and guard.signum is not None:
-        raise Preempted(f"stopped by {signal.Signals(guard.signum).name} outside the training loop", guard.signum)
+    stopped = _active.preempted() if _active is not None else None
+    if stopped is not None:
+        raise stopped
 
 
 def mtime(path: Path) -> int | None:

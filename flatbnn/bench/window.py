@@ -251,7 +251,8 @@ def run_window(out: Path, *, minutes: float, dry: bool, data_dir: Path | None, r
         # MINUTES bounds only the campaign there (DRY_CAMPAIGN_S at most), not the self-check
         sc_budget = DRY_SELFCHECK_S
         caps = {p.name: sc_budget for p in selfcheck.PATHS} | dict(caps or {})
-    report, why = reused_selfcheck(data_dir, _versions_here(dry)) if data_dir is not None else (None, "")
+    carried = data_dir is not None and (data_dir / REUSED_SELFCHECK).is_file()  # the versions child costs seconds
+    report, why = reused_selfcheck(data_dir, _versions_here(dry)) if carried else (None, "")
     if report is not None:
         selfcheck.write_json(out / "selfcheck.json", report)
         log(f"self-check: reused from commit {str(report['reused']['commit'])[:8]} of {report['reused']['date']} "
@@ -260,7 +261,7 @@ def run_window(out: Path, *, minutes: float, dry: bool, data_dir: Path | None, r
             procs = int(report["procs"]["chosen"])
             log(f"procs: {procs} at once, as that window measured")
     else:
-        if why and why != "none carried":
+        if why:
             log(f"self-check: the carried one is not reused ({why}): checking here")
         report = selfcheck.run_selfcheck(out / "selfcheck.json", dry=dry, budget_s=sc_budget, caps=caps,
                                          parallel=dry, log=log)

@@ -111,6 +111,7 @@ def main(argv=None) -> int:
         p = campaign.plan(rows, device=device, data=args.data, extra=extra, max_job_s=max_job, out_root=args.out,
                           results_root=args.results, extra_for=extra_for)
         if args.dry_run:
+            campaign.reusable(p)  # shown as 'to link', not linked
             print(campaign.describe(p, budget_s, procs * max(1, gpus)))
             return 0
         linked = campaign.link_reused(p)

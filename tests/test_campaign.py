@@ -323,3 +323,67 @@ def test_linking_composes_each_cell_with_its_own_step_overrides(tmp_path, monkey
     assert campaign.link_reused(p) == ["dst/plain/seed0"]
     assert [j.name for j in p.jobs] == ["dst/sam/seed0"]
     assert launch.job_state(out_root / "dst" / "paper", "plain", 0)[0] == "done"
+
+
+def test_a_dry_run_shows_what_linking_would_take_off_the_queue_and_links_nothing(tmp_path, monkeypatch):
+    """The dry run once queued (and priced) jobs that the real call links to another row's identical finished run:
+    bsam_t6's MNIST bSAM cell is bsam_t3's, ~89 CPU-minutes a seed that the dry run counted and the run never spent."""
+    from omegaconf import OmegaConf
+
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    monkeypatch.setattr(cost, "RECORDS_ROOT", tmp_path / "no_records")
+    out_root, results = tmp_path / "o", tmp_path / "r"
+    monkeypatch.setattr(launch, "OUTPUT_ROOT", out_root)
+    monkeypatch.setattr(archive, "ARCHIVE_ROOT", results)
+    plain = ["flatness=none", "trainer.epochs=4"]
+    for name, cells in [("src", {"plain": plain}), ("dst", {"sam": ["flatness=sam"], "plain": plain})]:
+        (rows_dir / f"{name}.yaml").write_text(yaml.safe_dump(
+            {"row": name, "paper": "none", "title": name, "kind": "train", "axes": ["method"], "base": BASE,
+             "values": {"method": cells}, "seeds": [0], "scales": {"paper": {"overrides": []},
+                                                                    "smoke": {"overrides": []}}}))
+    src = launch.run_dir(out_root / "src" / "paper", "plain", 0)
+    src.mkdir(parents=True)
+    resolved = OmegaConf.to_container(launch.compose_cell(list(BASE) + plain + ["seed=0"]), resolve=True)
+    (src / "config_resolved.yaml").write_text(yaml.safe_dump(resolved))
+    (src / "results.json").write_text(json.dumps({"metrics": {"accuracy": 0.5}, "meta": {"seed": 0}}))
+
+    p = campaign.plan(["dst"], device="cpu", out_root=out_root, results_root=results)
+    assert [j.name for j in p.jobs] == ["dst/plain/seed0", "dst/sam/seed0"]
+    assert campaign.reusable(p) == ["dst/plain/seed0"]
+    text = campaign.describe(p, 3600, 1)
+    assert "1 jobs queued, 0 already done, 1 to link to other rows' identical finished runs" in text
+    assert f"dst/plain/seed0: linked to {src}" in text and "dst/plain/seed0: ~" not in text
+    assert not launch.run_dir(out_root / "dst" / "paper", "plain", 0).exists()  # nothing linked by the dry run
+
+
+def test_an_interrupted_run_is_priced_by_the_epochs_it_has_left(tmp_path, monkeypatch):
+    """A run that resumes after epoch 21 of 30 costs 9/30 of a run: the schedule, the window's per-job limit and the
+    CPU's 'cannot finish in what is left' all read that (they read a whole run before: a chained GPU job whose
+    remainder fits a window was left out, and the dry run priced bsam_t3's seed 1, 84 of 120 epochs in, at 89 min)."""
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    monkeypatch.setattr(cost, "RECORDS_ROOT", tmp_path / "no_records")
+    monkeypatch.setattr(launch, "OUTPUT_ROOT", tmp_path / "unused")
+    monkeypatch.setattr(archive, "ARCHIVE_ROOT", tmp_path / "unused_records")
+    (rows_dir / "tiny.yaml").write_text(yaml.safe_dump(
+        {"row": "tiny", "paper": "none", "title": "tiny", "kind": "train", "axes": ["method"], "base": BASE,
+         "values": {"method": {"long": [f"trainer.epochs={LONG_EPOCHS}"]}}, "seeds": [0, 1],
+         "scales": {"paper": {"overrides": []}, "smoke": {"overrides": []}}}))
+    out = tmp_path / "o"
+    whole = campaign.plan(["tiny"], device="cpu", out_root=out).jobs[0].estimate.seconds
+    run = launch.run_dir(out / "tiny" / "paper", "long", 1)
+    run.mkdir(parents=True)
+    lines = [json.dumps({"epoch": e, "step": 2 * e, "train/loss": 1.0}) for e in range(1, 22)]
+    (run / "metrics.jsonl").write_text("\n".join(lines + ['{"epoch": 22, "st']) + "\n")  # the last line cut by a kill
+    assert campaign.epochs_done(run) == 21
+    p = campaign.plan(["tiny"], device="cpu", out_root=out)
+    fresh, resumed = p.jobs
+    assert fresh.seconds_left == whole and resumed.seconds_left == pytest.approx(whole * 9 / 30)
+    assert resumed.describe().startswith(f"~{cost.fmt_duration(whole * 9 / 30)} left: resumes after epoch 21 of 30")
+    # a per-job limit between the two: the fresh seed is left out, the resumed one stays (it fits what is left)
+    p = campaign.plan(["tiny"], device="cpu", out_root=out, max_job_s=whole / 2)
+    assert [j.name for j in p.jobs] == ["tiny/long/seed1"]
+    assert [s[0] for s in p.skipped] == ["tiny/long/seed0"]

@@ -50,6 +50,8 @@ class Job:
     estimate: cost.Estimate
     out: Path              # the row's paper sweep dir
     overrides: list[str]   # the command-line extras of this cell (data root included)
+    epochs: int = 0        # the run's epochs; with epochs_done, what is left of an interrupted run
+    epochs_done: int = 0   # epochs its run dir's metrics.jsonl holds (it resumes from its last checkpoint there)
 
     @property
     def name(self) -> str:
@@ -59,6 +61,20 @@ class Job:
     def run(self) -> Path:
         return launch.run_dir(self.out, self.cell.id, self.seed)
 
+    @property
+    def seconds_left(self) -> float:
+        """The estimate of what is left: an interrupted run resumes at its last checkpoint, so a run 84 epochs into
+        120 costs 36/120 of a run (the schedule, the budget check and the window's fit all read this)."""
+        if 0 < self.epochs_done < self.epochs:
+            return self.estimate.seconds * (self.epochs - self.epochs_done) / self.epochs
+        return self.estimate.seconds
+
+    def describe(self) -> str:
+        if 0 < self.epochs_done < self.epochs:
+            return (f"~{cost.fmt_duration(self.seconds_left)} left: resumes after epoch {self.epochs_done} of "
+                    f"{self.epochs} ({self.estimate.describe()} a run)")
+        return self.estimate.describe()
+
 
 @dataclass
 class Plan:
@@ -66,6 +82,7 @@ class Plan:
     jobs: list[Job] = field(default_factory=list)          # the queue, in order
     skipped: list[tuple[str, str, str]] = field(default_factory=list)  # (what, one-line reason, estimate or "")
     done: list[str] = field(default_factory=list)           # jobs already finished (run dir, record, or linked)
+    linked: dict[str, tuple[Job, Path]] = field(default_factory=dict)  # name -> (job, another row's identical run)
     per_cell: dict[str, float] = field(default_factory=dict)  # row -> estimated seconds per cell (its ordering key)
 
 
@@ -127,23 +144,29 @@ def plan(rows: list[str] | None, *, device: str, data: dict[str, str] | None = N
             if problem:
                 p.skipped.append((what, problem, est.describe()))
                 continue
-            if max_job_s is not None and est.seconds > max_job_s:
-                p.skipped.append((what, f"a run needs more than the {cost.fmt_duration(max_job_s)} a job may take "
-                                        f"here", est.describe()))
-                continue
             todo = []
             for seed in cell.seeds:
                 if launch.job_state(out, cell.id, seed)[0] == "done" or launch.recorded_jobs(
                         row, PAPER, [(cell, seed)], results_root):
                     p.done.append(f"{what}/seed{seed}")
+                    continue
+                job = Job(row, cell, seed, est, out, cell_extra, int(cfg.trainer.epochs))
+                job.epochs_done = epochs_done(job.run)
+                todo.append(job)
+            if max_job_s is not None:  # what is left of each run must fit (a chained run's remainder may)
+                too_long = [j for j in todo if j.seconds_left > max_job_s]
+                why = f"a run needs more than the {cost.fmt_duration(max_job_s)} a job may take here"
+                if too_long and len(too_long) == len(todo) and not any(j.epochs_done for j in todo):
+                    p.skipped.append((what, why, est.describe()))  # the usual case: one line for the cell
                 else:
-                    todo.append(Job(row, cell, seed, est, out, cell_extra))
+                    p.skipped += [(j.name, why, j.describe()) for j in too_long]
+                todo = [j for j in todo if j not in too_long]
             if todo:
                 cells.append(todo)
         if cells:
-            per_cell = sum(j.estimate.seconds * len(j.cell.seeds) for c in cells for j in c[:1]) / len(cells)
+            per_cell = sum(sum(j.seconds_left for j in c) for c in cells) / len(cells)  # what a verdict still costs
             p.per_cell[name] = per_cell
-            by_row.append((per_cell, sorted(cells, key=lambda c: c[0].estimate.seconds)))
+            by_row.append((per_cell, sorted(cells, key=lambda c: sum(j.seconds_left for j in c))))
     for _, cells in sorted(by_row, key=lambda rc: rc[0]):
         p.jobs += [j for c in cells for j in c]
     return p
@@ -151,18 +174,22 @@ def plan(rows: list[str] | None, *, device: str, data: dict[str, str] | None = N
 
 def describe(p: Plan, budget_s: float | None, procs: int) -> str:
     """The dry run: the queue with an estimate per job, what the budget reaches, and what is skipped and why."""
+    linked = [n for n in p.linked if n not in p.done]  # a dry run: found, not linked yet
     lines = [f"campaign on {p.device}: {len(p.jobs)} jobs queued, {len(p.done)} already done, "
-             f"{len(p.skipped)} skipped; {procs} process(es) at once"]
+             + (f"{len(linked)} to link to other rows' identical finished runs, " if linked else "")
+             + f"{len(p.skipped)} skipped; {procs} process(es) at once"]
     t = [0.0] * max(1, procs)  # a greedy list schedule: each job on the slot that frees first
     for j in p.jobs:
         i = t.index(min(t))
-        t[i] += j.estimate.seconds
+        t[i] += j.seconds_left
         fits = "" if budget_s is None else ("" if t[i] <= budget_s else "  [beyond the budget]")
         paths = " ".join(o for o in j.overrides if o.startswith(STEP_PATH_KEYS))
-        lines.append(f"  {j.name}: {j.estimate.describe()}{fits}" + (f"  [{paths}]" if paths else ""))
+        lines.append(f"  {j.name}: {j.describe()}{fits}" + (f"  [{paths}]" if paths else ""))
     if budget_s is not None:
         lines.append(f"budget {cost.fmt_duration(budget_s)}; the queue needs ~{cost.fmt_duration(max(t))} "
                      f"of wall time at {procs} at once (estimates, not a promise)")
+    for name in linked:
+        lines.append(f"  {name}: linked to {p.linked[name][1]} (trained by another row with the same config)")
     by_reason: dict[str, list[str]] = {}
     for what, why, est in p.skipped:
         by_reason.setdefault(why, []).append(what + (f" {est}" if est else ""))
@@ -217,7 +244,7 @@ def run(p: Plan, *, budget_s: float, procs: int = 1, gpus: int = 0, margin_s: fl
             while sent_at is None and queue and len(running) < slots:
                 job = queue.pop(0)
                 left = deadline - clock()
-                if p.device == "cpu" and job.estimate.seconds > left and not (job.run / "checkpoints").is_dir():
+                if p.device == "cpu" and job.seconds_left > left and not (job.run / "checkpoints").is_dir():
                     res["not_started"].append(job.name)  # a CPU cannot finish it in what is left: leave it
                     continue
                 slot = next(i for i in range(slots) if i not in running)
@@ -226,7 +253,7 @@ def run(p: Plan, *, budget_s: float, procs: int = 1, gpus: int = 0, margin_s: fl
                                                                          if not c.blocked], PAPER, job.out,
                                                                list(job.overrides))[0]
                 running[slot] = (job, *_start(job, searches[job.row.row], slot, procs, gpus))
-                _log(f"start {job.name} ({job.estimate.describe()})")
+                _log(f"start {job.name} ({job.describe()})")
             for slot in list(running):
                 job, pr, logf = running[slot]
                 rc = pr.poll()
@@ -286,20 +313,29 @@ def _stop_mps() -> None:
     subprocess.run(["nvidia-cuda-mps-control"], input=b"quit\n", capture_output=True)
 
 
-def link_reused(p: Plan) -> list[str]:
-    """Jobs that another row's finished identical run provides (launch.reusable_runs): linked, not trained."""
-    linked = []
+def reusable(p: Plan) -> list[str]:
+    """Jobs that another row's finished identical run provides (launch.reusable_runs), taken off the queue into
+    ``p.linked`` -- nothing is linked yet, so a dry run shows them (link_reused links them)."""
+    found_all: dict[str, tuple[Job, Path]] = {}
     # by row AND extras: a GPU window's step overrides differ per cell (flatness.batched_chunks only where the
     # flatness has it), so one cell's extras composed onto another cell fail (H100 window of 2026-11-27, bedcb58)
     for row_name, extras in dict.fromkeys((j.row.row, tuple(j.overrides)) for j in p.jobs):
         jobs = [j for j in p.jobs if j.row.row == row_name and tuple(j.overrides) == extras]
         found = launch.reusable_runs([(j.cell, j.seed) for j in jobs], PAPER, jobs[0].out, list(extras), row_name)
-        for (cid, seed), src in found.items():
-            launch.link_reused(jobs[0].out, cid, seed, src)
-            linked.append(f"{row_name}/{cid}/seed{seed}")
-    p.jobs = [j for j in p.jobs if j.name not in linked]
-    p.done += linked
-    return linked
+        found_all.update({j.name: (j, found[(j.cell.id, j.seed)]) for j in jobs if (j.cell.id, j.seed) in found})
+    p.jobs = [j for j in p.jobs if j.name not in found_all]
+    p.linked.update(found_all)
+    return list(found_all)
+
+
+def link_reused(p: Plan) -> list[str]:
+    """Jobs that another row's finished identical run provides: linked into their run dirs, not trained."""
+    names = reusable(p)
+    for name in names:
+        job, src = p.linked[name]
+        launch.link_reused(job.out, job.cell.id, job.seed, src)
+    p.done += names
+    return names
 
 
 def write_comparisons(rows: list[Row], out_root: Path | None = None, results_root: Path | None = None) -> list[Path]:
@@ -318,6 +354,22 @@ def unfinished_runs(jobs: list[Job]) -> list[Job]:
     left = [j for j in jobs if not (j.run / "results.json").exists() and (j.run / "checkpoints").is_dir()
             and not j.run.is_symlink()]
     return sorted(left, key=lambda j: -_lines(j.run / "metrics.jsonl"))
+
+
+def epochs_done(run: Path) -> int:
+    """The last finished epoch in ``run``'s metrics.jsonl (0: none, or no run dir)."""
+    f = run / "metrics.jsonl"
+    if not f.is_file() or run.is_symlink():
+        return 0
+    done = 0
+    for line in f.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a kill: the epochs before it still count
+        if isinstance(rec, dict) and "train/loss" in rec and isinstance(rec.get("epoch"), int):
+            done = max(done, rec["epoch"])
+    return done
 
 
 def _lines(f: Path) -> int:
@@ -408,5 +460,5 @@ def _run_of(sweep: Path, path: Path) -> Path | None:
     return None
 
 
-__all__ = ["Job", "Plan", "plan", "describe", "run", "link_reused", "write_comparisons", "write_archive", "restore",
-           "unfinished_runs", "EXIT_STOPPED"]
+__all__ = ["Job", "Plan", "plan", "describe", "run", "reusable", "link_reused", "epochs_done", "write_comparisons",
+           "write_archive", "restore", "unfinished_runs", "EXIT_STOPPED"]

@@ -120,7 +120,7 @@ def main(argv=None) -> int:
         print(campaign.describe(p, budget_s, procs * max(1, gpus)), file=sys.stderr)
         res = campaign.run(p, budget_s=budget_s, procs=procs, gpus=gpus, margin_s=margin, results_root=args.results,
                            started=started)
-        touched = list({j.row.row: j.row for j in p.jobs}.values()) + \
+        touched = list({j.row.row: j.row for j in p.jobs + [t for t, _ in p.follow.values()]}.values()) + \
             [load_row(n) for n in dict.fromkeys(x.split("/", 1)[0] for x in linked)]
         touched = list({r.row: r for r in touched}.values())
         for path in campaign.write_comparisons(touched, args.out, args.results):
@@ -135,7 +135,9 @@ def main(argv=None) -> int:
                   f"{a['bytes'] / 2**20:.1f} MB", file=sys.stderr)
             for name, why in a["left_out"].items():
                 print(f"campaign: left out of the archive: {name}: {why}", file=sys.stderr)
-        print(f"campaign: {len(res['finished'])} finished, {len(res['interrupted'])} interrupted (resumable), "
+        print(f"campaign: {len(res['finished'])} finished, "
+              + (f"{len(res['linked'])} linked to an identical run that finished, " if res["linked"] else "")
+              + f"{len(res['interrupted'])} interrupted (resumable), "
               f"{len(res['failed'])} failed, {len(res['not_started'])} not started", file=sys.stderr)
         if res["failed"]:
             return 1

@@ -387,3 +387,41 @@ def test_an_interrupted_run_is_priced_by_the_epochs_it_has_left(tmp_path, monkey
     p = campaign.plan(["tiny"], device="cpu", out_root=out, max_job_s=whole / 2)
     assert [j.name for j in p.jobs] == ["tiny/long/seed1"]
     assert [s[0] for s in p.skipped] == ["tiny/long/seed0"]
+
+
+def test_a_run_two_rows_share_trains_once_and_the_other_row_links_it_when_it_finishes(tmp_path, monkeypatch):
+    """Rows share training runs (bsam_t6's MNIST bSAM cell is bsam_t3's; vsam_t4's cells are vsam_t3's). Linking
+    saw only FINISHED runs, so one campaign over both rows queued each shared run twice and trained it twice."""
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    monkeypatch.setattr(cost, "RECORDS_ROOT", tmp_path / "no_records")
+    out_root, results = tmp_path / "o", tmp_path / "r"
+    monkeypatch.setattr(launch, "OUTPUT_ROOT", out_root)
+    monkeypatch.setattr(archive, "ARCHIVE_ROOT", results)
+    plain, other = ["flatness=none", "trainer.epochs=1"], ["flatness=none", "trainer.epochs=2"]
+    for name, cells in [("a", {"plain": plain}), ("b", {"plain": plain, "other": other})]:
+        (rows_dir / f"{name}.yaml").write_text(yaml.safe_dump(
+            {"row": name, "paper": "none", "title": name, "kind": "train", "axes": ["method"], "base": BASE,
+             "values": {"method": cells}, "seeds": [0], "scales": {"paper": {"overrides": []},
+                                                                    "smoke": {"overrides": []}}}))
+    p = campaign.plan(["a", "b"], device="cpu", out_root=out_root, results_root=results)
+    assert [j.name for j in p.jobs] == ["a/plain/seed0", "b/other/seed0"]
+    assert {n: lead.name for n, (_, lead) in p.follow.items()} == {"b/plain/seed0": "a/plain/seed0"}
+    assert "b/plain/seed0: the same training run as a/plain/seed0" in campaign.describe(p, 3600, 1)
+    r = campaign.run(p, budget_s=3600, procs=1, margin_s=5, results_root=results, poll_s=0.05)
+    assert r["finished"] == ["a/plain/seed0", "b/other/seed0"] and r["linked"] == ["b/plain/seed0"]
+    twin = launch.run_dir(out_root / "b" / "paper", "plain", 0)
+    assert twin.is_symlink() and twin.resolve() == launch.run_dir(out_root / "a" / "paper", "plain", 0).resolve()
+    rec = archive.record_dir(results, "b", "paper", "plain", 0)
+    assert json.loads((rec / "record.json").read_text()).get("reused_from")  # b's record says whose run it is
+
+    # the job furthest along leads, wherever it is queued: b's twin of a's cell, 1 epoch into 3
+    (rows_dir / "a.yaml").write_text((rows_dir / "a.yaml").read_text().replace("trainer.epochs=1", "trainer.epochs=3"))
+    (rows_dir / "b.yaml").write_text((rows_dir / "b.yaml").read_text().replace("trainer.epochs=1", "trainer.epochs=3"))
+    out2 = tmp_path / "o2"
+    started = launch.run_dir(out2 / "b" / "paper", "plain", 0)
+    started.mkdir(parents=True)
+    (started / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "train/loss": 1.0}) + "\n")
+    p = campaign.plan(["a", "b"], device="cpu", out_root=out2, results_root=tmp_path / "r2")
+    assert p.jobs[0].name == "b/plain/seed0" and list(p.follow) == ["a/plain/seed0"]

@@ -52,6 +52,7 @@ class Job:
     overrides: list[str]   # the command-line extras of this cell (data root included)
     epochs: int = 0        # the run's epochs; with epochs_done, what is left of an interrupted run
     epochs_done: int = 0   # epochs its run dir's metrics.jsonl holds (it resumes from its last checkpoint there)
+    key: tuple = ()        # launch.training_key: equal keys = the same training run (in another row, maybe)
 
     @property
     def name(self) -> str:
@@ -83,6 +84,7 @@ class Plan:
     skipped: list[tuple[str, str, str]] = field(default_factory=list)  # (what, one-line reason, estimate or "")
     done: list[str] = field(default_factory=list)           # jobs already finished (run dir, record, or linked)
     linked: dict[str, tuple[Job, Path]] = field(default_factory=dict)  # name -> (job, another row's identical run)
+    follow: dict[str, tuple[Job, Job]] = field(default_factory=dict)  # name -> (job, the queued job it will link to)
     per_cell: dict[str, float] = field(default_factory=dict)  # row -> estimated seconds per cell (its ordering key)
 
 
@@ -150,7 +152,8 @@ def plan(rows: list[str] | None, *, device: str, data: dict[str, str] | None = N
                         row, PAPER, [(cell, seed)], results_root):
                     p.done.append(f"{what}/seed{seed}")
                     continue
-                job = Job(row, cell, seed, est, out, cell_extra, int(cfg.trainer.epochs))
+                job = Job(row, cell, seed, est, out, cell_extra, int(cfg.trainer.epochs),
+                          key=launch.training_key(cfg, seed))
                 job.epochs_done = epochs_done(job.run)
                 todo.append(job)
             if max_job_s is not None:  # what is left of each run must fit (a chained run's remainder may)
@@ -169,7 +172,31 @@ def plan(rows: list[str] | None, *, device: str, data: dict[str, str] | None = N
             by_row.append((per_cell, sorted(cells, key=lambda c: sum(j.seconds_left for j in c))))
     for _, cells in sorted(by_row, key=lambda rc: rc[0]):
         p.jobs += [j for c in cells for j in c]
+    p.jobs, p.follow = one_run_per_config(p.jobs)
     return p
+
+
+def one_run_per_config(jobs: list[Job]) -> tuple[list[Job], dict[str, tuple[Job, Job]]]:
+    """One job per training run: rows share cells (bsam_t6's MNIST bSAM is bsam_t3's, vsam_t4's are vsam_t3's), and
+    the queue held each such run once per row -- GPU-days at paper scale, trained twice. The run that trains is the
+    one furthest along (else the first queued), at the first position of its group; each other job waits for it and is
+    linked to it once it finishes (as launch.reusable_runs links a finished one). A job whose own run dir exists
+    (it has a checkpoint to resume, or a link) keeps it: a link cannot replace a folder."""
+    groups: dict[tuple, list[Job]] = {}
+    for j in jobs:
+        groups.setdefault(j.key, []).append(j)
+    queue, follow = [], {}
+    for j in jobs:
+        group = groups[j.key]
+        lead = max(group, key=lambda g: g.epochs_done)  # the first of equals
+        if j is group[0]:
+            queue.append(lead)
+        if j is not lead:
+            if j.run.exists() or j.run.is_symlink():
+                queue.append(j)
+            else:
+                follow[j.name] = (j, lead)
+    return queue, follow
 
 
 def describe(p: Plan, budget_s: float | None, procs: int) -> str:
@@ -177,6 +204,7 @@ def describe(p: Plan, budget_s: float | None, procs: int) -> str:
     linked = [n for n in p.linked if n not in p.done]  # a dry run: found, not linked yet
     lines = [f"campaign on {p.device}: {len(p.jobs)} jobs queued, {len(p.done)} already done, "
              + (f"{len(linked)} to link to other rows' identical finished runs, " if linked else "")
+             + (f"{len(p.follow)} to link to a queued identical run when it finishes, " if p.follow else "")
              + f"{len(p.skipped)} skipped; {procs} process(es) at once"]
     t = [0.0] * max(1, procs)  # a greedy list schedule: each job on the slot that frees first
     for j in p.jobs:
@@ -190,6 +218,8 @@ def describe(p: Plan, budget_s: float | None, procs: int) -> str:
                      f"of wall time at {procs} at once (estimates, not a promise)")
     for name in linked:
         lines.append(f"  {name}: linked to {p.linked[name][1]} (trained by another row with the same config)")
+    for name, (_, lead) in p.follow.items():
+        lines.append(f"  {name}: the same training run as {lead.name}: linked to it when it finishes")
     by_reason: dict[str, list[str]] = {}
     for what, why, est in p.skipped:
         by_reason.setdefault(why, []).append(what + (f" {est}" if est else ""))
@@ -216,14 +246,15 @@ def run(p: Plan, *, budget_s: float, procs: int = 1, gpus: int = 0, margin_s: fl
         started: float | None = None) -> dict:
     """Work through ``p.jobs`` until the queue is empty or ``budget_s`` (minus ``margin_s``) is spent, counted from
     ``started`` (a ``clock()`` reading: the command's start, so planning counts too; default now). Returns
-    ``{"finished": [...], "interrupted": [...], "failed": {...}, "not_started": [...], "stopped": bool}``."""
+    ``{"finished": [...], "linked": [...], "interrupted": [...], "failed": {...}, "not_started": [...],
+    "stopped": bool}`` (linked: the jobs of ``p.follow`` whose lead finished, linked to it)."""
     results_root = Path(results_root or archive.ARCHIVE_ROOT)
     t0 = clock() if started is None else started
     deadline = t0 + budget_s - margin_s
     queue = list(p.jobs)
     slots = max(1, procs) * max(1, gpus or 1)
     running: dict[int, tuple[Job, subprocess.Popen, object]] = {}
-    res = {"finished": [], "interrupted": [], "failed": {}, "not_started": [], "stopped": False}
+    res = {"finished": [], "linked": [], "interrupted": [], "failed": {}, "not_started": [], "stopped": False}
     stop = {"signal": None}
     old = {s: signal.signal(s, lambda signum, _f: stop.update(signal=signum)) for s in (signal.SIGTERM, signal.SIGINT)}
     sent_at = None
@@ -266,6 +297,12 @@ def run(p: Plan, *, budget_s: float, procs: int = 1, gpus: int = 0, margin_s: fl
                     archive_row(job.row, PAPER, job.out, results_root)  # the record, at once
                     meta = json.loads((job.run / "results.json").read_text()).get("meta") or {}
                     _log(f"done {job.name}: {archive.trained_on(meta)}")
+                    for twin, lead in p.follow.values():
+                        if lead is job and not (twin.run.exists() or twin.run.is_symlink()):
+                            launch.link_reused(twin.out, twin.cell.id, twin.seed, job.run)
+                            archive_row(twin.row, PAPER, twin.out, results_root)
+                            res["linked"].append(twin.name)
+                            _log(f"linked {twin.name} to {job.name} (the same training run)")
                 elif rc == EXIT_STOPPED or (sent_at is not None and rc < 0):
                     res["interrupted"].append(job.name)
                     _log(f"interrupted {job.name} (exit {rc}): the next call resumes it")
@@ -276,7 +313,7 @@ def run(p: Plan, *, budget_s: float, procs: int = 1, gpus: int = 0, margin_s: fl
                 break  # stopped: what is left in the queue waits for the next call
             if queue or running:
                 time.sleep(poll_s)
-        res["not_started"] += [j.name for j in queue]
+        res["not_started"] += [j.name for j in queue] + [n for n in p.follow if n not in res["linked"]]
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -460,5 +497,5 @@ def _run_of(sweep: Path, path: Path) -> Path | None:
     return None
 
 
-__all__ = ["Job", "Plan", "plan", "describe", "run", "reusable", "link_reused", "epochs_done", "write_comparisons",
+__all__ = ["Job", "Plan", "plan", "describe", "run", "reusable", "link_reused", "epochs_done", "one_run_per_config", "write_comparisons",
            "write_archive", "restore", "unfinished_runs", "EXIT_STOPPED"]

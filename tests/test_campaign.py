@@ -425,3 +425,42 @@ def test_a_run_two_rows_share_trains_once_and_the_other_row_links_it_when_it_fin
     (started / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "train/loss": 1.0}) + "\n")
     p = campaign.plan(["a", "b"], device="cpu", out_root=out2, results_root=tmp_path / "r2")
     assert p.jobs[0].name == "b/plain/seed0" and list(p.follow) == ["a/plain/seed0"]
+
+
+def test_a_run_another_process_trains_now_is_left_to_it_and_so_is_its_twin_in_another_row(tmp_path, monkeypatch):
+    """Two campaigns on one machine: the second (started for more rows while the first trains) started the first's
+    running job too -- its train.py was refused the locked run dir, exit 2, a 'failed' job -- and trained a run two
+    rows share a second time in its own row's dir. Now both are skipped with who trains them."""
+    from omegaconf import OmegaConf
+
+    from flatbnn.engine.lock import RunDirLock
+
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    monkeypatch.setattr(cost, "RECORDS_ROOT", tmp_path / "no_records")
+    out_root, results = tmp_path / "o", tmp_path / "r"
+    monkeypatch.setattr(launch, "OUTPUT_ROOT", out_root)
+    monkeypatch.setattr(archive, "ARCHIVE_ROOT", results)
+    plain, other = ["flatness=none", "trainer.epochs=3"], ["flatness=none", "trainer.epochs=2"]
+    for name, cells in [("a", {"plain": plain}), ("b", {"plain": plain, "other": other})]:
+        (rows_dir / f"{name}.yaml").write_text(yaml.safe_dump(
+            {"row": name, "paper": "none", "title": name, "kind": "train", "axes": ["method"], "base": BASE,
+             "values": {"method": cells}, "seeds": [0], "scales": {"paper": {"overrides": []},
+                                                                    "smoke": {"overrides": []}}}))
+    running = launch.run_dir(out_root / "a" / "paper", "plain", 0)
+    running.mkdir(parents=True)
+    (running / "config_resolved.yaml").write_text(yaml.safe_dump(OmegaConf.to_container(
+        launch.compose_cell(list(BASE) + plain + ["seed=0"]), resolve=True)))
+    lock = RunDirLock(running).acquire()  # held by this (live) process, as train.py holds it
+    try:
+        p = campaign.plan(["a", "b"], device="cpu", out_root=out_root, results_root=results)
+        assert [j.name for j in p.jobs] == ["b/other/seed0"] and not p.follow
+        why = {s[0]: s[1] for s in p.skipped}
+        assert why["a/plain/seed0"].startswith(f"pid {os.getpid()} on host ") and "trains it now" in why["a/plain/seed0"]
+        assert why["b/plain/seed0"].startswith(f"the same training run as {running}, which pid {os.getpid()}")
+    finally:
+        lock.release()
+    # the holder is gone: a's run (its dir exists, to resume) trains at b's twin's place in the queue; b links it
+    p = campaign.plan(["a", "b"], device="cpu", out_root=out_root, results_root=results)
+    assert [j.name for j in p.jobs] == ["b/other/seed0", "a/plain/seed0"] and list(p.follow) == ["b/plain/seed0"]

@@ -46,6 +46,21 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _who(holder: dict | None) -> str:
+    return (f"pid {holder['pid']} on host {holder.get('host')} (since {holder.get('since')})" if holder
+            else "a process that is writing its lock file")
+
+
+def live_holder(run_dir: Path) -> str | None:
+    """Who trains in ``run_dir`` now ('pid N on host H (since T)'), as far as this host can tell; None when no
+    live process holds its lock. Takes nothing: a scheduler asks before it starts a job there."""
+    lock = RunDirLock(run_dir)
+    if not lock.path.is_file():
+        return None
+    holder = lock._read(lock.path)
+    return _who(holder) if lock._is_held(holder, lock.path) else None
+
+
 class RunDirLock:
     """At most one process trains in a run dir: ``<run dir>/.flatbnn/lock`` names its holder (pid, host,
     boot id, process start time). It is created atomically with a hard link (safe on NFS as well), removed
@@ -112,8 +127,7 @@ class RunDirLock:
                 return self
             holder = self._read(self.path)
             if self._is_held(holder, self.path):
-                who = (f"pid {holder['pid']} on host {holder.get('host')} (since {holder.get('since')})"
-                       if holder else "a process that is writing its lock file")
+                who = _who(holder)
                 other_host = holder is not None and holder.get("host") != self.me["host"]
                 raise RunDirLocked(
                     f"run dir {self.path.parent.parent} is in use by {who}: two processes would interleave "

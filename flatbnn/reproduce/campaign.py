@@ -115,6 +115,7 @@ def plan(rows: list[str] | None, *, device: str, data: dict[str, str] | None = N
     out_root = Path(out_root or launch.OUTPUT_ROOT)
     results_root = Path(results_root or archive.ARCHIVE_ROOT)
     p = Plan(device)
+    busy = busy_runs(out_root)
     by_row: list[tuple[float, list[list[Job]]]] = []
     names = rows or [n for n in list_rows() if load_row(n).kind == "train"]
     for name in names:
@@ -155,6 +156,12 @@ def plan(rows: list[str] | None, *, device: str, data: dict[str, str] | None = N
                 job = Job(row, cell, seed, est, out, cell_extra, int(cfg.trainer.epochs),
                           key=launch.training_key(cfg, seed))
                 job.epochs_done = epochs_done(job.run)
+                if job.key in busy:  # another campaign (or a user's train.py) trains this run now: leave it to it
+                    run, who = busy[job.key]
+                    why = (f"{who} trains it now" if run.resolve() == job.run.resolve() else
+                           f"the same training run as {run}, which {who} trains now (rerun: then it is linked)")
+                    p.skipped.append((job.name, f"{why}; rerun the campaign after that ends", job.describe()))
+                    continue
                 todo.append(job)
             if max_job_s is not None:  # what is left of each run must fit (a chained run's remainder may)
                 too_long = [j for j in todo if j.seconds_left > max_job_s]
@@ -176,19 +183,40 @@ def plan(rows: list[str] | None, *, device: str, data: dict[str, str] | None = N
     return p
 
 
+def busy_runs(out_root: Path) -> dict[tuple, tuple[Path, str]]:
+    """{training key: (run dir, who)} of the paper-scale runs under ``out_root`` that a live process trains now
+    (their run-dir lock is held, engine/lock.py). Two campaigns on one machine -- the second started for other rows
+    while the first trains -- once both started the same run: the second's train.py was refused the run dir
+    (exit 2, the job 'failed'), or, for a run two rows share, trained it a second time in its own row's dir."""
+    import yaml
+
+    from flatbnn.engine.lock import live_holder
+    from flatbnn.reproduce.aggregate import _canon, config_key
+
+    found = {}
+    for lock in sorted(Path(out_root).glob(f"*/{PAPER}/**/.flatbnn/lock")):
+        run = lock.parent.parent
+        who = live_holder(run)
+        if who is None or run.is_symlink() or not (run / "config_resolved.yaml").is_file():
+            continue
+        cfg = yaml.safe_load((run / "config_resolved.yaml").read_text()) or {}
+        found.setdefault((_canon(cfg.get("seed")), _canon(config_key(cfg))), (run, who))
+    return found
+
+
 def one_run_per_config(jobs: list[Job]) -> tuple[list[Job], dict[str, tuple[Job, Job]]]:
     """One job per training run: rows share cells (bsam_t6's MNIST bSAM is bsam_t3's, vsam_t4's are vsam_t3's), and
     the queue held each such run once per row -- GPU-days at paper scale, trained twice. The run that trains is the
-    one furthest along (else the first queued), at the first position of its group; each other job waits for it and is
-    linked to it once it finishes (as launch.reusable_runs links a finished one). A job whose own run dir exists
-    (it has a checkpoint to resume, or a link) keeps it: a link cannot replace a folder."""
+    one furthest along (else one whose run dir exists, else the first queued), at the first position of its group;
+    each other job waits for it and is linked to it once it finishes (as launch.reusable_runs links a finished one).
+    A job whose own run dir exists (it has a checkpoint to resume) keeps it: a link cannot replace a folder."""
     groups: dict[tuple, list[Job]] = {}
     for j in jobs:
         groups.setdefault(j.key, []).append(j)
     queue, follow = [], {}
     for j in jobs:
         group = groups[j.key]
-        lead = max(group, key=lambda g: g.epochs_done)  # the first of equals
+        lead = max(group, key=lambda g: (g.epochs_done, g.run.exists()))  # the first of equals
         if j is group[0]:
             queue.append(lead)
         if j is not lead:
@@ -497,5 +525,5 @@ def _run_of(sweep: Path, path: Path) -> Path | None:
     return None
 
 
-__all__ = ["Job", "Plan", "plan", "describe", "run", "reusable", "link_reused", "epochs_done", "one_run_per_config", "write_comparisons",
+__all__ = ["Job", "Plan", "plan", "describe", "run", "reusable", "link_reused", "epochs_done", "busy_runs", "one_run_per_config", "write_comparisons",
            "write_archive", "restore", "unfinished_runs", "EXIT_STOPPED"]

@@ -335,7 +335,7 @@ def test_a_dry_run_shows_what_linking_would_take_off_the_queue_and_links_nothing
     monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
     monkeypatch.setattr(cost, "RECORDS_ROOT", tmp_path / "no_records")
     out_root, results = tmp_path / "o", tmp_path / "r"
-    monkeypatch.setattr(launch, "OUTPUT_ROOT", out_root)
+    monkeypatch.setattr(launch, "OUTPUT_ROOT", tmp_path / "default_outputs")  # the runs live under --out
     monkeypatch.setattr(archive, "ARCHIVE_ROOT", results)
     plain = ["flatness=none", "trainer.epochs=4"]
     for name, cells in [("src", {"plain": plain}), ("dst", {"sam": ["flatness=sam"], "plain": plain})]:

@@ -279,8 +279,9 @@ def job_state(out: Path, cell_id: str, seed: int) -> tuple[str, str]:
 def _finished_runs_elsewhere(out: Path, scale: str, row_name: str | None = None) -> dict[tuple, Path]:
     """{(seed, training-config key): run dir} of every finished, non-linked run of the OTHER training rows at
     ``scale`` (an eval row's dirs hold re-evaluations, not training runs): their live run dirs under OUTPUT_ROOT
-    first, then their committed records (archive.py) -- a fresh clone has no outputs/, but the records say which
-    runs exist and hold all a comparison reads. A record that was itself a link is skipped (its source is indexed)."""
+    and under ``out``'s runs root (``out`` = ``<root>/<row>/<scale>``, e.g. campaign --out) first, then their
+    committed records (archive.py) -- a fresh clone has no outputs/, but the records say which runs exist and hold
+    all a comparison reads. A record that was itself a link is skipped (its source is indexed)."""
     from flatbnn.reproduce import archive
     from flatbnn.reproduce.aggregate import _canon, config_key
     from flatbnn.reproduce.spec import list_rows, load_row
@@ -299,7 +300,10 @@ def _finished_runs_elsewhere(out: Path, scale: str, row_name: str | None = None)
         cfg = yaml.safe_load(cfg_file.read_text()) or {}
         index.setdefault((_canon(cfg.get("seed")), _canon(config_key(cfg))), run)
 
-    for d in sorted(OUTPUT_ROOT.glob(f"*/{scale}")):
+    roots = [Path(OUTPUT_ROOT)]
+    if Path(out).name == scale and Path(out).parent.parent.resolve() != roots[0].resolve():
+        roots.append(Path(out).parent.parent)  # a runs root of its own (campaign --out): its other rows' runs too
+    for d in sorted(d for root in roots for d in root.glob(f"*/{scale}")):
         if d.resolve() == Path(out).resolve() or d.parent.name not in train_rows:
             continue
         for cfg_file in sorted(d.rglob("config_resolved.yaml")):

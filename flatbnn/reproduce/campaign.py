@@ -165,6 +165,9 @@ def plan(rows: list[str] | None, *, device: str, data: dict[str, str] | None = N
                 todo.append(job)
             if max_job_s is not None:  # what is left of each run must fit (a chained run's remainder may)
                 too_long = [j for j in todo if j.seconds_left > max_job_s]
+                if too_long:  # another row's finished twin is linked, not trained: no time limit applies to it
+                    twins = launch.reusable_runs([(j.cell, j.seed) for j in too_long], PAPER, out, cell_extra, name)
+                    too_long = [j for j in too_long if (j.cell.id, j.seed) not in twins]
                 why = f"a run needs more than the {cost.fmt_duration(max_job_s)} a job may take here"
                 if too_long and len(too_long) == len(todo) and not any(j.epochs_done for j in todo):
                     p.skipped.append((what, why, est.describe()))  # the usual case: one line for the cell

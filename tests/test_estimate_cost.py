@@ -127,3 +127,33 @@ def test_a_gpu_estimate_is_never_below_its_launch_overhead():
     assert graphed.seconds == pytest.approx(steps * 16 * cost.GPU_GRAPH_PASS_FLOOR_S, rel=0.01)
     assert 60_000 * 2 / graphed.seconds == pytest.approx(8029, rel=0.05)   # the window's measured rate
     assert graphed.seconds < cost.estimate(_compose(mnist + ["method=bsam"]), "some-unmeasured-gpu").seconds / 1.5
+
+
+def test_a_paper_page_prices_a_gpu_run_with_the_step_path_the_newest_self_check_passed(tmp_path):
+    """The 'Still to run' GPU column priced every cell eagerly, though a window's campaign runs bSAM through the graph
+    where its self-check passed (~15 min a 120-epoch MNIST run, not ~26). The newest non-dry self-check of that
+    device decides (by the date it records), its file is named in the basis; none, or a dry one: eager."""
+    import json
+
+    from flatbnn.reproduce import cost
+
+    cell = ["dataset=mnist", "model=mlp", "trainer.epochs=2", "trainer.batch_size=200", "method=bsam"]
+    eager = cost.estimate(_compose(cell), "some-gpu")
+    graphed = cost.estimate(_compose(cell + ["trainer.cuda_graph=true"]), "some-gpu")
+    assert cost.window_estimate(cell, "some-gpu", bench_dir=tmp_path).seconds == eager.seconds  # no self-check
+
+    def report(date, usable, dry=False):
+        return {"versions": {"device": "Some GPU", "date": date, "dry_run": dry}, "usable": usable,
+                "paths": {"eager": {"img_s": 1.0}, "cuda_graph": {"img_s": 2.0}}}
+    (tmp_path / "some-gpu-2026-11-27-selfcheck-aaa.json").write_text(json.dumps(report("2026-11-27 10:00", [])))
+    (tmp_path / "some-gpu-2026-11-26-selfcheck-bbb.json").write_text(json.dumps(report("2026-11-26 10:00",
+                                                                                       ["bsam_m8"])))
+    (tmp_path / "some-gpu-2026-11-28-selfcheck-ccc.json").write_text(json.dumps(report("2026-11-28 10:00",
+                                                                                       ["bsam_m8"], dry=True)))
+    assert cost.latest_selfcheck("some-gpu", tmp_path)[0].name == "some-gpu-2026-11-27-selfcheck-aaa.json"
+    assert cost.window_estimate(cell, "some-gpu", bench_dir=tmp_path).seconds == eager.seconds  # bsam_m8 failed there
+    (tmp_path / "some-gpu-2026-11-29-selfcheck-ddd.json").write_text(json.dumps(report("2026-11-29 10:00",
+                                                                                       ["bsam_m8"])))
+    est = cost.window_estimate(cell, "some-gpu", bench_dir=tmp_path)
+    assert est.seconds == graphed.seconds < eager.seconds
+    assert "trainer.cuda_graph=true, which some-gpu-2026-11-29-selfcheck-ddd.json passed" in est.rate.basis

@@ -342,6 +342,42 @@ def fmt_duration(seconds: float) -> str:
 WINDOW_GPU = "nvidia-h100-80gb-hbm3"
 
 
+def latest_selfcheck(device: str, bench_dir: Path | None = None) -> tuple[Path, dict] | None:
+    """The newest GPU window self-check (flatbnn/bench/selfcheck.py) run on ``device`` under ``results/bench/``
+    (by the date it records; dry runs left out), or None."""
+    found = []
+    for f in Path(bench_dir or BENCH_DIR).glob(f"{device}-*-selfcheck-*.json"):
+        try:
+            report = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        v = report.get("versions") or {}
+        if not v.get("dry_run") and device_slug(v.get("device")) == device:
+            found.append((str(v.get("date") or ""), f.name, f, report))
+    return max(found, key=lambda x: x[:2])[2:] if found else None
+
+
+def window_estimate(overrides: list[str], device: str, cfg=None, bench_dir: Path | None = None) -> Estimate:
+    """One run of the cell composed from ``overrides`` (``cfg``: already composed) on GPU ``device``, with the step
+    path a window's campaign gives it: the graph / batched chunks / compile that the newest self-check on that
+    device passed (selfcheck.step_overrides), which the basis names; eager where none applies or none was run."""
+    from flatbnn.reproduce.launch import compose_cell
+
+    cfg = cfg if cfg is not None else compose_cell(list(overrides))
+    found = latest_selfcheck(device, bench_dir)
+    if found is None:
+        return estimate(cfg, device)
+    from flatbnn.bench.selfcheck import step_overrides
+
+    path, report = found
+    extras = step_overrides(cfg, report, cuda=True)
+    if not extras:
+        return estimate(cfg, device)
+    e = estimate(compose_cell(list(overrides) + extras), device)
+    return Estimate(e.seconds, Rate(e.rate.images_per_s, f"{e.rate.basis}; {' '.join(extras)}, which {path.name} "
+                                                         f"passed", e.rate.measured))
+
+
 def cost_left(row, scale: str, jobs: dict[str, dict[str, str]], devices=("cpu", WINDOW_GPU)) -> list[dict]:
     """Each cell of ``row`` at ``scale`` with seeds not done (``jobs``: cell -> {seed: state}, a comparison's),
     blocked cells left out: ``{"cell", "runs_left", "each": {device: [seconds, basis]}}`` -- what a paper page says
@@ -358,7 +394,8 @@ def cost_left(row, scale: str, jobs: dict[str, dict[str, str]], devices=("cpu", 
             continue
         try:
             cfg = compose_cell(list(cell.overrides))
-            each = {d: [round(e.seconds, 1), e.rate.basis] for d in devices for e in [estimate(cfg, d)]}
+            each = {d: [round(e.seconds, 1), e.rate.basis] for d in devices
+                    for e in [estimate(cfg, d) if d == "cpu" else window_estimate(list(cell.overrides), d, cfg)]}
         except Exception as e:  # noqa: BLE001 -- a cell that does not compose still shows as left, without a price
             each = {"error": [None, " ".join(str(e).split())[:200]]}
         out.append({"cell": cell.id, "runs_left": left, "each": each})

@@ -469,3 +469,34 @@ def test_a_run_another_process_trains_now_is_left_to_it_and_so_is_its_twin_in_an
     # the holder is gone: a's run (its dir exists, to resume) trains at b's twin's place in the queue; b links it
     p = campaign.plan(["a", "b"], device="cpu", out_root=out_root, results_root=results)
     assert [j.name for j in p.jobs] == ["b/other/seed0", "a/plain/seed0"] and list(p.follow) == ["b/plain/seed0"]
+
+
+def test_a_shared_run_a_third_row_already_finished_is_linked_into_both_queued_rows(tmp_path, monkeypatch):
+    """A queued run's twin waits for it; when a third row already holds that run, both are linked (the twin once waited
+    for a lead that linking had taken off the queue, and was never linked)."""
+    from omegaconf import OmegaConf
+
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    monkeypatch.setattr(cost, "RECORDS_ROOT", tmp_path / "no_records")
+    out_root, results = tmp_path / "o", tmp_path / "r"
+    monkeypatch.setattr(launch, "OUTPUT_ROOT", out_root)
+    monkeypatch.setattr(archive, "ARCHIVE_ROOT", results)
+    plain = ["flatness=none", "trainer.epochs=3"]
+    for name in ("a", "b", "c"):
+        (rows_dir / f"{name}.yaml").write_text(yaml.safe_dump(
+            {"row": name, "paper": "none", "title": name, "kind": "train", "axes": ["method"], "base": BASE,
+             "values": {"method": {"plain": plain}}, "seeds": [0],
+             "scales": {"paper": {"overrides": []}, "smoke": {"overrides": []}}}))
+    src = launch.run_dir(out_root / "c" / "paper", "plain", 0)
+    src.mkdir(parents=True)
+    (src / "config_resolved.yaml").write_text(yaml.safe_dump(OmegaConf.to_container(
+        launch.compose_cell(list(BASE) + plain + ["seed=0"]), resolve=True)))
+    (src / "results.json").write_text(json.dumps({"metrics": {"accuracy": 0.5}, "meta": {"seed": 0}}))
+    p = campaign.plan(["a", "b"], device="cpu", out_root=out_root, results_root=results)
+    assert [j.name for j in p.jobs] == ["a/plain/seed0"] and list(p.follow) == ["b/plain/seed0"]
+    assert campaign.link_reused(p) == ["a/plain/seed0", "b/plain/seed0"]
+    assert not p.jobs and not p.follow
+    for row in ("a", "b"):
+        assert launch.run_dir(out_root / row / "paper", "plain", 0).resolve() == src.resolve()

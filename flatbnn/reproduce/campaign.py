@@ -387,11 +387,13 @@ def reusable(p: Plan) -> list[str]:
     found_all: dict[str, tuple[Job, Path]] = {}
     # by row AND extras: a GPU window's step overrides differ per cell (flatness.batched_chunks only where the
     # flatness has it), so one cell's extras composed onto another cell fail (H100 window of 2026-11-27, bedcb58)
-    for row_name, extras in dict.fromkeys((j.row.row, tuple(j.overrides)) for j in p.jobs):
-        jobs = [j for j in p.jobs if j.row.row == row_name and tuple(j.overrides) == extras]
+    every = p.jobs + [twin for twin, _ in p.follow.values()]  # a queued run's twins too (a third row may have it)
+    for row_name, extras in dict.fromkeys((j.row.row, tuple(j.overrides)) for j in every):
+        jobs = [j for j in every if j.row.row == row_name and tuple(j.overrides) == extras]
         found = launch.reusable_runs([(j.cell, j.seed) for j in jobs], PAPER, jobs[0].out, list(extras), row_name)
         found_all.update({j.name: (j, found[(j.cell.id, j.seed)]) for j in jobs if (j.cell.id, j.seed) in found})
     p.jobs = [j for j in p.jobs if j.name not in found_all]
+    p.follow = {n: f for n, f in p.follow.items() if n not in found_all}
     p.linked.update(found_all)
     return list(found_all)
 

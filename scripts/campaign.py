@@ -137,6 +137,7 @@ def main(argv=None) -> int:
                 print(f"campaign: left out of the archive: {name}: {why}", file=sys.stderr)
         print(f"campaign: {len(res['finished'])} finished, "
               + (f"{len(res['linked'])} linked to an identical run that finished, " if res["linked"] else "")
+              + (f"{len(res['taken'])} left to another process, " if res["taken"] else "")
               + f"{len(res['interrupted'])} interrupted (resumable), "
               f"{len(res['failed'])} failed, {len(res['not_started'])} not started", file=sys.stderr)
         if res["failed"]:

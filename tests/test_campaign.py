@@ -500,3 +500,36 @@ def test_a_shared_run_a_third_row_already_finished_is_linked_into_both_queued_ro
     assert not p.jobs and not p.follow
     for row in ("a", "b"):
         assert launch.run_dir(out_root / row / "paper", "plain", 0).resolve() == src.resolve()
+
+
+def test_a_job_another_campaign_took_after_the_plan_is_left_to_it_not_failed(tmp_path, monkeypatch):
+    """Two campaigns over the same row, started minutes apart, planned the same queue: the second started a job the
+    first was training (train.py refused the locked run dir: exit 2, 'FAILED', campaign exit 1) or retrained one the
+    first had finished. At start time a job whose run finished meanwhile, or whose run-dir lock a live process holds,
+    is left to that process."""
+    from flatbnn.engine.lock import RunDirLock
+
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    monkeypatch.setattr(cost, "RECORDS_ROOT", tmp_path / "no_records")
+    monkeypatch.setattr(launch, "OUTPUT_ROOT", tmp_path / "unused")
+    monkeypatch.setattr(archive, "ARCHIVE_ROOT", tmp_path / "unused_records")
+    (rows_dir / "tiny.yaml").write_text(yaml.safe_dump(
+        {"row": "tiny", "paper": "none", "title": "tiny", "kind": "train", "axes": ["method"], "base": BASE,
+         "values": {"method": {"short": ["trainer.epochs=1"]}}, "seeds": [0, 1, 2],
+         "scales": {"paper": {"overrides": []}, "smoke": {"overrides": []}}}))
+    out, res = tmp_path / "o", tmp_path / "r"
+    p = campaign.plan(["tiny"], device="cpu", out_root=out, results_root=res)
+    assert [j.name for j in p.jobs] == ["tiny/short/seed0", "tiny/short/seed1", "tiny/short/seed2"]
+    busy, finished = p.jobs[1].run, p.jobs[2].run
+    lock = RunDirLock(busy).acquire()   # another campaign's train.py, live (this process stands in for it)
+    finished.mkdir(parents=True)
+    (finished / "results.json").write_text(json.dumps({"metrics": {"accuracy": 0.5}}))  # finished by the other one
+    try:
+        r = campaign.run(p, budget_s=3600, procs=1, margin_s=5, results_root=res, poll_s=0.05)
+    finally:
+        lock.release()
+    assert r["finished"] == ["tiny/short/seed0"] and not r["failed"]
+    assert r["taken"] == ["tiny/short/seed1", "tiny/short/seed2"]
+    assert not (busy / "metrics.jsonl").exists()  # nothing trained into the held run dir

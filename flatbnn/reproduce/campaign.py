@@ -277,15 +277,17 @@ def run(p: Plan, *, budget_s: float, procs: int = 1, gpus: int = 0, margin_s: fl
         started: float | None = None) -> dict:
     """Work through ``p.jobs`` until the queue is empty or ``budget_s`` (minus ``margin_s``) is spent, counted from
     ``started`` (a ``clock()`` reading: the command's start, so planning counts too; default now). Returns
-    ``{"finished": [...], "linked": [...], "interrupted": [...], "failed": {...}, "not_started": [...],
-    "stopped": bool}`` (linked: the jobs of ``p.follow`` whose lead finished, linked to it)."""
+    ``{"finished": [...], "linked": [...], "taken": [...], "interrupted": [...], "failed": {...},
+    "not_started": [...], "stopped": bool}`` (linked: the jobs of ``p.follow`` whose lead finished, linked to it;
+    taken: jobs another process trained or trains since the plan was made, left to it)."""
     results_root = Path(results_root or archive.ARCHIVE_ROOT)
     t0 = clock() if started is None else started
     deadline = t0 + budget_s - margin_s
     queue = list(p.jobs)
     slots = max(1, procs) * max(1, gpus or 1)
     running: dict[int, tuple[Job, subprocess.Popen, object]] = {}
-    res = {"finished": [], "linked": [], "interrupted": [], "failed": {}, "not_started": [], "stopped": False}
+    res = {"finished": [], "linked": [], "taken": [], "interrupted": [], "failed": {}, "not_started": [],
+           "stopped": False}
     stop = {"signal": None}
     old = {s: signal.signal(s, lambda signum, _f: stop.update(signal=signum)) for s in (signal.SIGTERM, signal.SIGINT)}
     sent_at = None
@@ -305,6 +307,10 @@ def run(p: Plan, *, budget_s: float, procs: int = 1, gpus: int = 0, margin_s: fl
                     pr.kill()  # its last epoch checkpoint stays; the next call resumes from there
             while sent_at is None and queue and len(running) < slots:
                 job = queue.pop(0)
+                if taken := _taken(job):  # another campaign got to it after this one planned: never two trainers
+                    res["taken"].append(job.name)
+                    _log(f"skip {job.name}: {taken}")
+                    continue
                 left = deadline - clock()
                 if p.device == "cpu" and job.seconds_left > left and not (job.run / "checkpoints").is_dir():
                     res["not_started"].append(job.name)  # a CPU cannot finish it in what is left: leave it
@@ -351,6 +357,17 @@ def run(p: Plan, *, budget_s: float, procs: int = 1, gpus: int = 0, margin_s: fl
         if mps:
             _stop_mps()
     return res
+
+
+def _taken(job: Job) -> str | None:
+    """Why ``job`` is no longer this campaign's to start (another campaign on this machine planned it too, and got
+    there first): its run finished meanwhile, or a live process holds its run-dir lock. None: start it."""
+    from flatbnn.engine.lock import live_holder
+
+    if (job.run / "results.json").is_file():
+        return "finished meanwhile by another process"
+    who = live_holder(job.run)
+    return f"{who} trains it now: left to it" if who else None
 
 
 def _log_path(job: Job) -> Path:

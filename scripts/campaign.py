@@ -114,7 +114,7 @@ def main(argv=None) -> int:
             campaign.reusable(p)  # shown as 'to link', not linked
             print(campaign.describe(p, budget_s, procs * max(1, gpus)))
             return 0
-        linked = campaign.link_reused(p)
+        linked = campaign.link_reused(p, args.results)
         if linked:
             print(f"campaign: {len(linked)} job(s) linked to other rows' identical finished runs", file=sys.stderr)
         print(campaign.describe(p, budget_s, procs * max(1, gpus)), file=sys.stderr)

@@ -496,10 +496,12 @@ def test_a_shared_run_a_third_row_already_finished_is_linked_into_both_queued_ro
     (src / "results.json").write_text(json.dumps({"metrics": {"accuracy": 0.5}, "meta": {"seed": 0}}))
     p = campaign.plan(["a", "b"], device="cpu", out_root=out_root, results_root=results)
     assert [j.name for j in p.jobs] == ["a/plain/seed0"] and list(p.follow) == ["b/plain/seed0"]
-    assert campaign.link_reused(p) == ["a/plain/seed0", "b/plain/seed0"]
+    assert campaign.link_reused(p, results) == ["a/plain/seed0", "b/plain/seed0"]
     assert not p.jobs and not p.follow
     for row in ("a", "b"):
         assert launch.run_dir(out_root / row / "paper", "plain", 0).resolve() == src.resolve()
+        rec = archive.record_dir(results, row, "paper", "plain", 0)  # recorded at once, not when a job ends
+        assert json.loads((rec / "record.json").read_text()).get("reused_from")
 
 
 def test_a_job_another_campaign_took_after_the_plan_is_left_to_it_not_failed(tmp_path, monkeypatch):

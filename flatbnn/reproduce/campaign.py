@@ -415,12 +415,17 @@ def reusable(p: Plan) -> list[str]:
     return list(found_all)
 
 
-def link_reused(p: Plan) -> list[str]:
-    """Jobs that another row's finished identical run provides: linked into their run dirs, not trained."""
+def link_reused(p: Plan, results_root: Path | None = None) -> list[str]:
+    """Jobs that another row's finished identical run provides: linked into their run dirs, not trained, and
+    recorded at once (as a finished job is: a budget spent before any job of their row finishes left them unrecorded)."""
     names = reusable(p)
+    rows = {}
     for name in names:
         job, src = p.linked[name]
         launch.link_reused(job.out, job.cell.id, job.seed, src)
+        rows[job.row.row] = job
+    for job in rows.values():
+        archive_row(job.row, PAPER, job.out, Path(results_root or archive.ARCHIVE_ROOT))
     p.done += names
     return names
 

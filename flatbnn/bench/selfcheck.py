@@ -370,8 +370,8 @@ def measure_procs(report: dict, out: Path, *, dry: bool, counts=(1, 2, 4), secon
     n = max(counts)
     mps = False
     if not dry:
-        from flatbnn.reproduce.campaign import _start_mps
-        mps = _start_mps()
+        from flatbnn.bench.mps import start_mps
+        mps = start_mps()
     files = [out.with_name(f".procs.{i}.json") for i in range(n)]
     pr = [subprocess.Popen([sys.executable, "-m", "flatbnn.bench.selfcheck", "--throughput", name, "--rank", str(i),
                             "--counts", ",".join(map(str, counts)), "--start-at", str(start_at), "--seconds",
@@ -391,8 +391,8 @@ def measure_procs(report: dict, out: Path, *, dry: bool, counts=(1, 2, 4), secon
                 f.unlink()
     finally:
         if mps:
-            from flatbnn.reproduce.campaign import _stop_mps
-            _stop_mps()
+            from flatbnn.bench.mps import stop_mps
+            stop_mps()
     late = [g["ready_late_s"] for g in got]
     if len(got) < n or any(late):
         rec["reason"] = f"{len(got)} of {n} processes reported, late by {late} s: not measured, 1 process"

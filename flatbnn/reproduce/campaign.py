@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flatbnn.bench.mps import start_mps, stop_mps
 from flatbnn.reproduce import archive, cost, launch, preflight
 from flatbnn.reproduce.compare import archive_row
 from flatbnn.reproduce.compare_markdown import write_comparison
@@ -292,7 +292,7 @@ def run(p: Plan, *, budget_s: float, procs: int = 1, gpus: int = 0, margin_s: fl
     old = {s: signal.signal(s, lambda signum, _f: stop.update(signal=signum)) for s in (signal.SIGTERM, signal.SIGINT)}
     sent_at = None
     searches: dict[str, Path] = {}
-    mps = _start_mps() if gpus and procs > 1 else False
+    mps = start_mps() if gpus and procs > 1 else False
     try:
         while queue or running:
             now = clock()
@@ -355,7 +355,7 @@ def run(p: Plan, *, budget_s: float, procs: int = 1, gpus: int = 0, margin_s: fl
         for s, h in old.items():
             signal.signal(s, h)
         if mps:
-            _stop_mps()
+            stop_mps()
     return res
 
 
@@ -384,18 +384,6 @@ def _start(job: Job, search: Path, slot: int, procs: int, gpus: int):
     log.parent.mkdir(parents=True, exist_ok=True)
     logf = open(log, "ab")
     return subprocess.Popen(_command(job, search), cwd=REPO, env=env, stdout=logf, stderr=subprocess.STDOUT), logf
-
-
-def _start_mps() -> bool:
-    """Start the CUDA MPS daemon (several processes share the GPU's SMs) when it exists and is not running."""
-    ctl = shutil.which("nvidia-cuda-mps-control")
-    if ctl is None or subprocess.run(["pgrep", "-x", "nvidia-cuda-mps"], capture_output=True).returncode == 0:
-        return False
-    return subprocess.run([ctl, "-d"], capture_output=True).returncode == 0
-
-
-def _stop_mps() -> None:
-    subprocess.run(["nvidia-cuda-mps-control"], input=b"quit\n", capture_output=True)
 
 
 def reusable(p: Plan) -> list[str]:

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The small-net GPU step, probed (issue 52 item 3): why did the graphed bSAM m=8 MLP step take 24.9 ms in the
+# H100 window of 2026-11-27 (two campaign processes, loader cpu)? Two epochs of MNIST each (the first holds the
+# capture), img/s of the second, meta.cuda_graph (replays / eager steps / reasons), one vs two processes, the
+# host loader vs dataset.loader=device, graphed vs eager, bSAM / VOGN / SGD. Summary -> $OUT/probe.json.
+#   bash scripts/window_probe.sh MNIST_ROOT OUT [DEVICE=cuda] [EPOCHS=2]      (on the device, before the window)
+set -u
+ROOT=$1; OUT=$2; DEV=${3:-cuda}; EP=${4:-2}
+W=$(mktemp -d /tmp/probe.XXXX)
+MLP=(dataset=mnist dataset.root=$ROOT model=mlp "model.hidden=[500,300]" model.activation=relu dataset.augment=none
+     trainer.batch_size=200 trainer.epochs=$EP trainer.eval_every=0 trainer.progress=false trainer.reliability_diagram=false
+     trainer.device=$DEV scheduler=cosine scheduler.warmup_epochs=0 scheduler.final_factor=0.0)
+BSAM=(method=bsam flatness=none method.lr=0.1 method.prior_precision=40 method.rho=0.01 method.m=8 method.damping=0.1 method.num_samples=32)
+VOGN=(method=vogn flatness=none method.lr=0.1 method.prior_precision=25 method.m=8 method.damping=0.1 method.num_samples=32)
+SGD=(method=map optimizer=sgd flatness=none optimizer.lr=0.03 optimizer.momentum=0.9)
+run() {  # name, overrides...
+  local name=$1; shift
+  timeout 150 python3 train.py "${MLP[@]}" "$@" hydra.run.dir=$W/$name > $W/$name.out 2>&1; echo "$name rc $?"
+}
+t0=$(date +%s)
+run bsam_graph_cpuloader "${BSAM[@]}" trainer.cuda_graph=true
+run bsam_graph_devloader "${BSAM[@]}" trainer.cuda_graph=true dataset.loader=device
+run bsam_eager_devloader "${BSAM[@]}" dataset.loader=device
+run sgd_graph_devloader "${SGD[@]}" trainer.cuda_graph=true dataset.loader=device
+run vogn_graph_devloader "${VOGN[@]}" trainer.cuda_graph=true dataset.loader=device
+# two processes side by side, as the window's campaign ran them (no MPS)
+run bsam_graph_pair_a "${BSAM[@]}" trainer.cuda_graph=true dataset.loader=device seed=1 &
+run bsam_graph_pair_b "${BSAM[@]}" trainer.cuda_graph=true dataset.loader=device seed=2 &
+wait
+echo "probe: $(( $(date +%s) - t0 )) s"
+python3 - "$W" "$OUT/probe.json" <<'EOF'
+import json, sys
+from pathlib import Path
+w, out = Path(sys.argv[1]), Path(sys.argv[2])
+summary = {}
+for o in sorted(w.glob("*.out")):
+    d, s = w / o.stem, {}
+    m = d / "metrics.jsonl"
+    if m.exists():
+        s["epochs"] = [{k: r.get(k) for k in ("epoch", "train/loss", "train/images_per_s", "train/seconds")}
+                       for r in map(json.loads, m.read_text().splitlines()) if "train/loss" in r]
+    r = d / "results.json"
+    if r.exists():
+        res = json.loads(r.read_text())
+        s["cuda_graph"] = res.get("meta", {}).get("cuda_graph")
+        s["test"] = {k: v for k, v in res.items() if k.startswith("test/")}
+    s["log_head"], s["log_tail"] = o.read_text()[:3000], o.read_text()[-2000:]
+    summary[d.name] = s
+    ips = [e["train/images_per_s"] for e in s.get("epochs", [])]
+    print(d.name, "img/s per epoch", [round(x) for x in ips], "ms/step", [round(200e3 / x, 2) for x in ips if x],
+          "graph", s.get("cuda_graph"))
+out.write_text(json.dumps(summary, indent=1))
+EOF

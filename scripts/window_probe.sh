@@ -3,7 +3,7 @@
 # H100 window of 2026-11-27 (two campaign processes, loader cpu)? Two epochs of MNIST each (the first holds the
 # capture), img/s of the second, meta.cuda_graph (replays / eager steps / reasons), one vs two processes, the
 # host loader vs dataset.loader=device, graphed vs eager, bSAM / VOGN / SGD. Summary -> $OUT/probe.json.
-#   bash scripts/window_probe.sh MNIST_ROOT OUT [DEVICE=cuda] [EPOCHS=2]      (on the device, before the window)
+#   BUDGET_S=230 bash scripts/window_probe.sh MNIST_ROOT OUT [DEVICE=cuda] [EPOCHS=2]   (on the device, before the window)
 set -u
 ROOT=$1; OUT=$2; DEV=${3:-cuda}; EP=${4:-2}
 W=$(mktemp -d /tmp/probe.XXXX)
@@ -13,11 +13,13 @@ MLP=(dataset=mnist dataset.root=$ROOT model=mlp "model.hidden=[500,300]" model.a
 BSAM=(method=bsam flatness=none method.lr=0.1 method.prior_precision=40 method.rho=0.01 method.m=8 method.damping=0.1 method.num_samples=32)
 VOGN=(method=vogn flatness=none method.lr=0.1 method.prior_precision=25 method.m=8 method.damping=0.1 method.num_samples=32)
 SGD=(method=map optimizer=sgd flatness=none optimizer.lr=0.03 optimizer.momentum=0.9)
-run() {  # name, overrides...
+run() {  # name, overrides... (each within what is left of the probe's BUDGET_S, at most 75 s)
   local name=$1; shift
-  timeout 150 python3 train.py "${MLP[@]}" "$@" hydra.run.dir=$W/$name > $W/$name.out 2>&1; echo "$name rc $?"
+  local left=$(( DEADLINE - $(date +%s) )); (( left > 75 )) && left=75
+  (( left < 10 )) && { echo "$name skipped: the probe's budget is spent"; return; }
+  timeout $left python3 train.py "${MLP[@]}" "$@" hydra.run.dir=$W/$name > $W/$name.out 2>&1; echo "$name rc $?"
 }
-t0=$(date +%s)
+t0=$(date +%s); DEADLINE=$(( t0 + ${BUDGET_S:-230} ))
 run bsam_graph_cpuloader "${BSAM[@]}" trainer.cuda_graph=true
 run bsam_graph_devloader "${BSAM[@]}" trainer.cuda_graph=true dataset.loader=device
 run bsam_eager_devloader "${BSAM[@]}" dataset.loader=device

@@ -29,6 +29,15 @@ run vogn_graph_devloader "${VOGN[@]}" trainer.cuda_graph=true dataset.loader=dev
 run bsam_graph_pair_a "${BSAM[@]}" trainer.cuda_graph=true dataset.loader=device seed=1 &
 run bsam_graph_pair_b "${BSAM[@]}" trainer.cuda_graph=true dataset.loader=device seed=2 &
 wait
+# what the window's campaign does and the runs above do not (window 5, 2026-11-28: its graphed LeNet-5 SGD jobs ran at
+# 25 ms a step, as window 4's graphed bSAM MLP jobs; these runs at 0.2-3 ms): progress bars into a file and a
+# per-epoch evaluation, then two processes under CUDA MPS (the campaign starts it for 2 processes on a GPU)
+run bsam_graph_progress_eval "${BSAM[@]}" trainer.cuda_graph=true trainer.progress=true trainer.eval_every=1
+if command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d; then
+  run bsam_graph_mps_a "${BSAM[@]}" trainer.cuda_graph=true seed=1 &
+  run bsam_graph_mps_b "${BSAM[@]}" trainer.cuda_graph=true seed=2 &
+  wait; echo quit | nvidia-cuda-mps-control
+else echo "no CUDA MPS here"; fi
 echo "probe: $(( $(date +%s) - t0 )) s"
 python3 - "$W" "$OUT/probe.json" <<'EOF'
 import json, sys

@@ -159,6 +159,7 @@ regen: setup
 	$(PY) scripts/readme_options.py
 	$(PY) scripts/import_graph.py --write
 	$(PY) scripts/param_counts.py --markdown --update docs/models.md
+	$(PY) scripts/reproduce.py claims --rejudge
 	$(PY) scripts/reproduce.py status
 	$(PY) scripts/estimate_cost.py --write-docs
 

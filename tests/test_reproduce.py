@@ -612,24 +612,27 @@ def test_a_pair_is_beyond_seed_noise_only_by_a_t_test_at_its_seed_count(tmp_path
         return {"ours_mean": m, "ours_std": sd, "ours_n": n}
     # Welch, 3 + 3 seeds of sd 0.3: se = sqrt(0.06) = 0.245, 4 dof, t = 2.776 -> 0.68. A difference of 0.6 is
     # INSIDE (a fixed 2 se = 0.49 would call it beyond), 0.8 outside
-    assert compare._separated(cell(1.0, 0.3, 3), cell(0.6, 0.3, 3)) == ("no", pytest.approx(math.sqrt(0.06)))
-    assert compare._separated(cell(1.2, 0.3, 3), cell(0.6, 0.3, 3))[0] == "no"
-    assert compare._separated(cell(1.4, 0.3, 3), cell(0.6, 0.3, 3))[0] == "yes"
-    assert compare._separated(cell(0.6, 0.3, 3), cell(1.4, 0.3, 3))[0] == "yes"     # either sign
-    assert compare._separated(cell(1.2, None, 1), cell(0.6, 0.3, 3)) == (None, None)  # one seed: no spread
-    # cells with common seeds are paired: a seed's shift shared by both cells cancels. Unpaired, (60, 62, 64) vs
-    # (59.1, 60.9, 63.0) is inside the noise; paired, d = (0.9, 1.1, 1.0): se 0.058, t(2 dof) 4.30 -> 0.25 < 1.0
+    W = False  # Welch: the default (cells trained separately)
+    assert compare._separated(cell(1.0, 0.3, 3), cell(0.6, 0.3, 3), W) == ("no", pytest.approx(math.sqrt(0.06)))
+    assert compare._separated(cell(1.2, 0.3, 3), cell(0.6, 0.3, 3), W)[0] == "no"
+    assert compare._separated(cell(1.4, 0.3, 3), cell(0.6, 0.3, 3), W)[0] == "yes"
+    assert compare._separated(cell(0.6, 0.3, 3), cell(1.4, 0.3, 3), W)[0] == "yes"     # either sign
+    assert compare._separated(cell(1.2, None, 1), cell(0.6, 0.3, 3), W) == (None, None)  # one seed: no spread
+    # a row whose cells share one trained run per seed (declared: paired) pairs them: a seed's shift shared by both
+    # cells cancels. Welch, (60, 62, 64) vs (59.1, 60.9, 63.0) is inside the noise; paired, d = (0.9, 1.1, 1.0):
+    # se 0.058, t(2 dof) 4.30 -> 0.25 < 1.0
     a = {**cell(62.0, 2.0, 3), "ours_by_seed": {"0": 60.0, "1": 62.0, "2": 64.0}}
     b = {**cell(61.0, 1.9, 3), "ours_by_seed": {"0": 59.1, "1": 60.9, "2": 63.0}}
-    assert compare._separated(a, b) == ("yes", pytest.approx(0.1 / math.sqrt(3)))
-    assert compare._separated({**a, "ours_by_seed": {}}, b)[0] == "no"
+    assert compare._separated(a, b, True) == ("yes", pytest.approx(0.1 / math.sqrt(3)))
+    assert compare._separated(a, b, W)[0] == "no"           # shared seed numbers alone pair nothing
+    assert compare._separated({**a, "ours_by_seed": {}}, b, True) == (None, None)   # no per-seed values: no test
     b_flip = {**b, "ours_by_seed": {"0": 61.0, "1": 60.9, "2": 61.1}}   # d = (-1, 1.1, 2.9): sd 1.95 -> inside
-    assert compare._separated(a, b_flip)[0] == "no"
+    assert compare._separated(a, b_flip, True)[0] == "no"
     # two seeds: d = (0.9, 1.1), se 0.1, 1 dof: t = 12.7 -> 1.27 > 1.0 is inside (2 se = 0.2 would say beyond)
     a2 = {"ours_by_seed": {"0": 60.0, "1": 62.0}}
     b2 = {"ours_by_seed": {"0": 59.1, "1": 60.9}}
-    assert compare._separated(a2, b2) == ("no", pytest.approx(0.1))
-    assert compare._separated(a2, {"ours_by_seed": {"0": 58.0, "1": 59.9}})[0] == "yes"  # d = (2.0, 2.1): 2.05 > 0.64
+    assert compare._separated(a2, b2, True) == ("no", pytest.approx(0.1))
+    assert compare._separated(a2, {"ours_by_seed": {"0": 58.0, "1": 59.9}}, True)[0] == "yes"  # 2.05 > 0.64
     # through a comparison: seeds (61, 60, 59) vs (60.5, 60.5, 60.5) % -> inside; NLL 1.1 vs 1.2 flat -> beyond
     row = spec.load_row("bsam_t1")
     out = tmp_path / "out"

@@ -210,6 +210,17 @@ def main(argv=None) -> int:
     cmp_.add_argument("--force", action="store_true",
                       help="replace an existing comparison built from more finished runs than this one")
     sub.add_parser("status")
+    cl = sub.add_parser("claims", help="the claims rule: --calibrate (its error rates, simulated) or --paper-numbers")
+    what = cl.add_mutually_exclusive_group(required=True)
+    what.add_argument("--calibrate", action="store_true",
+                      help="simulate every claim at its shape: false-reversal / false-holds rates and power; exit 1 "
+                           "when a rate exceeds 5 %% beyond Monte Carlo error")
+    what.add_argument("--paper-numbers", action="store_true",
+                      help="every claim judged on the paper's own printed numbers by the same rule")
+    what.add_argument("--rejudge", action="store_true",
+                      help="judge every committed comparison's claims again (after a rule or paper-file change)")
+    cl.add_argument("--reps", type=int, default=2000, help="simulated replicates per claim and scenario")
+    cl.add_argument("--seed", type=int, default=0)
 
     argv, extra = split_after_double_dash(list(sys.argv[1:] if argv is None else argv))
     args = ap.parse_args(argv)
@@ -289,6 +300,16 @@ def main(argv=None) -> int:
             from flatbnn.reproduce.status import write_status
             print(write_status())
             return 0
+        if args.cmd == "claims":
+            from flatbnn.reproduce import calibrate
+            if args.reps < 10:
+                raise SpecError(f"--reps {args.reps}: at least 10 replicates")
+            if args.rejudge:
+                from flatbnn.reproduce.compare_markdown import rejudge_all
+                for f in rejudge_all():
+                    print(f"claims judged again: {f}")
+                return 0
+            return calibrate.calibrate(args.reps, args.seed) if args.calibrate else calibrate.paper_numbers()
     except (SpecError, FileNotFoundError) as e:
         print(f"reproduce: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

@@ -165,7 +165,9 @@ def _seed_values(runs: list[dict], path: str, metric: str, unit: str | None) -> 
 def _stats(values: list) -> dict:
     """``{mean, std, n, nonfinite}`` over seeds (the record's ``ours_*`` keys; NaN policy of reproduce/stats.py)."""
     st = seed_stats(values)
+    missing = sum(v is None for v in values)  # not recorded (counted in nonfinite too): no verdict, not a divergence
     return {"mean": st.mean, "std": st.std, "n": st.n, "nonfinite": st.n_nonfinite,
+            **({"missing": missing} if missing else {}),
             **({"nonnumeric": st.n_nonnumeric} if st.n_nonnumeric else {})}  # (absent from the records otherwise)
 
 
@@ -240,9 +242,12 @@ def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | No
 
 
 def judge_claims(row: Row, pd: dict, records: list[dict], jobs: dict) -> list[dict]:
-    """The paper file's claims, each judged on this comparison's records (flatbnn/reproduce/claims.py)."""
+    """The paper file's claims, each judged on this comparison's records by the row's declared seed test, the
+    paper's own numbers beside (flatbnn/reproduce/claims.py)."""
     axes, cells = claims.cell_axes(row, pd)
-    return claims.evaluate(pd.get("claims"), records, jobs, cells, axes)
+    paper_n = pd.get("seeds") if isinstance(pd.get("seeds"), int) else None
+    return claims.evaluate(pd.get("claims"), records, jobs, cells, axes, paired=row.seed_test()[0] == "paired",
+                           metrics=pd.get("metrics") or {}, paper_n=paper_n)
 
 
 def _ours_table(ours: dict, metrics: dict) -> list[dict]:
@@ -275,11 +280,13 @@ def _verdict(rec: dict) -> str:
     return "within" if abs(rec["delta"]) <= spread else "outside"
 
 
-def _separated(r: dict, b: dict) -> tuple[str | None, float | None]:
-    """Is our difference of two cells beyond seed noise: a two-sided t-test at NOISE_ALPHA (5 %)? Paired over the
-    seeds both cells have, else Welch (stats.seed_difference_test). Returns (verdict, se of the difference);
-    ``None`` with fewer than 2 finite seeds on either side."""
-    test = seed_difference_test(r.get("ours_by_seed") or {}, b.get("ours_by_seed") or {}, _summary(r), _summary(b))
+def _separated(r: dict, b: dict, paired: bool) -> tuple[str | None, float | None]:
+    """Is our difference of two cells beyond seed noise: a two-sided t-test at NOISE_ALPHA (5 %), paired over the
+    seeds where the row's cells share one trained run per seed (``Row.seed_test``), else Welch
+    (stats.seed_difference_test). Returns (verdict, se of the difference); ``None`` with fewer than 2 finite seeds
+    (pairs) on either side."""
+    test = seed_difference_test(r.get("ours_by_seed") or {}, b.get("ours_by_seed") or {}, _summary(r), _summary(b),
+                                paired=paired)
     if test is None:
         return None, None
     return ("yes" if test.result.beyond(NOISE_ALPHA) else "no"), test.result.se
@@ -324,7 +331,7 @@ def _directions(row: Row, table: list[dict]) -> list[dict]:
         undecided = (f"at chance: {', '.join(chance)}" if chance and ours is not None
                      else "tie on one side only" if None not in (ours, paper) and (ours == "tie") != (paper == "tie")
                      else None)
-        beyond_noise, diff_se = _separated(r, b)
+        beyond_noise, diff_se = _separated(r, b, row.seed_test()[0] == "paired")
         out.append({"cell": r["cell"], "vs": "/".join(base_parts), "metric": r["metric"], "unit": r.get("unit"),
                     "paper_better": paper, "ours_better": ours,
                     "agree": None if undecided or ours is None or paper is None else ours == paper,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from flatbnn.engine.checkpoint import write_json, write_text
 from flatbnn.engine.report import CHANCE_SE
-from flatbnn.reproduce.claims import describe, verdict_line
+from flatbnn.reproduce.claims import describe, paper_line, verdict_line
 from flatbnn.reproduce.compare import (NOISE_ALPHA, NOT_AT_SCALE, RESULTS_ROOT, archive_row, build, finished_runs,
                                        judge_claims, paper_progress)
 from flatbnn.reproduce.cost import cost_left, fmt_duration
@@ -192,33 +192,64 @@ _SCALE_WORDS = {"cpu": "cpu scale (the reduced budget above), NOT the paper's sc
                 "paper": "paper scale (the paper's protocol)"}
 
 
+RULE_TEXT = ("Each comparison (a cell pair on one metric) is tested by the row's declared design ({design}); "
+             "better / worse by the two-sided t-test of no difference, comparable by equivalence within the claim's "
+             "margin (TOST), not worse by non-inferiority by the margin. The family is the claim's comparisons: "
+             "their p-values are Holm-adjusted (family-wise error 5 %), so a comparison *agrees* or is *reversed* "
+             "only when its adjusted p < 5 %; the rest are within seed noise (or inconclusive, where the interval "
+             "reaches past the margin), with the sign of their point estimate. A cell at chance or with a diverged "
+             "seed counts against its own method and never for the claim. The claim: `all` holds when every "
+             "comparison agrees; `most` when more than half do; `overall` when some agree, more agree than reverse "
+             "and most point estimates point the claimed way; reversed in the mirror cases, mixed when both "
+             "agreements and reversals are significant (docs/reproduce.md, Claims).")
+
+
 def _claims_markdown(c: dict) -> list[str]:
-    """The paper's claims (results/paper/<row>.yaml ``claims:``) with one verdict each at this scale, and the
-    comparisons behind it (flatbnn/reproduce/claims.py decides; definitions: docs/reproduce.md, Claims)."""
+    """The paper's claims (results/paper/<row>.yaml ``claims:``) with one verdict each at this scale, the
+    comparisons behind it, and the verdict on the paper's own numbers (flatbnn/reproduce/claims.py decides;
+    definitions: docs/reproduce.md, Claims)."""
     if not c.get("claims"):
         return []
-    lines = ["", f"## The paper's claims: verdicts at {_SCALE_WORDS.get(c['scale'], c['scale'])}", "",
-             f"Each comparison: a two-sided t-test at {NOISE_ALPHA:.0%} of our difference a - b (paired over the seeds "
-             "both cells have, else Welch). better / worse: holds or reversed when beyond seed noise, else within seed "
-             "noise; comparable: holds unless the difference is beyond seed noise; not worse: reversed only when a is "
-             "worse beyond seed noise. The claim: reversed if any comparison is, else within seed noise if any is, else "
-             "holds; not run where no comparison ran (docs/reproduce.md, Claims)."]
+    scale = c["scale"]
+    design = (c["claims"][0].get("design") or "Welch t")
+    head = (f"## The paper's claims: verdicts at {_SCALE_WORDS.get(scale, scale)}" if scale == "paper" else
+            f"## The paper's claims: direction check (reduced budget) at {_SCALE_WORDS.get(scale, scale)}")
+    lines = ["", head, "", RULE_TEXT.format(design=design)]
+    if scale != "paper":
+        lines += ["", "Below the paper's scale a verdict is a direction check on a reduced budget: 'direction "
+                      "agrees' / 'direction opposes', never 'holds' / 'reversed'."]
     for cl in c["claims"]:
-        lines += ["", f"### `{cl['id']}`: {verdict_line(cl)}", "",
+        lines += ["", f"### `{cl['id']}`: {verdict_line(cl, scale)}", "",
                   f"> {cl['quote']}", ">", f"> -- `{cl['file']}`, {cl['section']}", "",
-                  f"Claimed: {describe(cl)}." + (f" {cl['note']}" if cl.get("note") else "")]
-        ran = [x for x in cl["comparisons"] if x["verdict"] != "not run"]
+                  f"Claimed: {describe(cl)}." + (f" {cl['note']}" if cl.get("note") else ""), "",
+                  f"The paper's own numbers by the same rule: {paper_line(cl)}."]
+        ran = [x for x in cl["comparisons"] if "test" in x]
+        if len({x["metric"] for x in ran}) > 1:  # a verdict over several metrics: where each one stands
+            by_metric = []
+            for m in dict.fromkeys(x["metric"] for x in ran):
+                xs = [x for x in ran if x["metric"] == m]
+                agree, rev = sum(x["outcome"] == "agrees" for x in xs), sum(x["outcome"] == "reversed" for x in xs)
+                toward = sum(x.get("toward", 0) > 0 for x in xs)
+                by_metric.append(f"{m}: {agree} agree, {rev} reversed, {toward} of {len(xs)} estimates the "
+                                 f"claimed way")
+            lines += ["", "By metric: " + "; ".join(by_metric) + "."]
         if ran:
-            lines += ["", "| a | b | metric | ours a vs b | a - b ± se | test (n) | p | verdict |",
-                      "|---|---|---|---|---|---|---|---|"]
-            lines += [f"| `{x['a']}` | `{x['b']}` | {x['metric']} | {_fmt(x['ours'][0], unit=x['unit'])} vs "
-                      f"{_fmt(x['ours'][1], unit=x['unit'])} | {_fmt(x['diff'], x['se'], unit=x['unit'])} | "
-                      f"{x['test']} ({x['n']}) | {x['p']:.3g} | {x['verdict']} |" for x in ran]
-        idle = [x for x in cl["comparisons"] if x["verdict"] == "not run"]
-        if idle:
-            why = sorted({x["detail"] for x in idle})
-            lines += ["", f"Not run: {len(idle)} comparisons ({'; '.join(why[:4])}"
-                      + (f"; and {len(why) - 4} more" if len(why) > 4 else "") + ")."]
+            lines += ["", "| a | b | metric | ours a vs b | a - b ± se | margin | test (n) | p the claimed way "
+                          "(Holm) | p against (Holm) | outcome |", "|---|---|---|---|---|---|---|---|---|---|"]
+            for x in ran:
+                lines.append(f"| `{x['a']}` | `{x['b']}` | {x['metric']} | {_fmt(x['ours'][0], unit=x['unit'])} vs "
+                             f"{_fmt(x['ours'][1], unit=x['unit'])} | {_fmt(x['diff'], x['se'], unit=x['unit'])} | "
+                             f"{_fmt(x['margin'], unit=x['unit']) if x.get('margin') is not None else '–'} | "
+                             f"{x['test']} ({x['n']}) | {x['p_agree']:.2g} ({x.get('p_agree_adj', 1.0):.2g}) | "
+                             f"{x['p_reverse']:.2g} ({x.get('p_reverse_adj', 1.0):.2g}) | {x['outcome']}"
+                             + (f": {x['detail']}" if x.get("detail") else "") + " |")
+        other = [x for x in cl["comparisons"] if "test" not in x]
+        for outcome in ("failed", "not judged", "not run"):
+            idle = [x for x in other if x["outcome"] == outcome]
+            if idle:
+                why = sorted({x["detail"] for x in idle})
+                lines += ["", f"{outcome.capitalize()}: {len(idle)} comparisons ({'; '.join(why[:4])}"
+                          + (f"; and {len(why) - 4} more" if len(why) > 4 else "") + ")."]
     return lines
 
 
@@ -310,20 +341,36 @@ def _ours_only_markdown(c: dict) -> list[str]:
 
 def _rejudge_claims(row: Row, scale: str, existing: Path) -> None:
     """A kept comparison (its run dirs are not here) still gets the paper file's current claims, judged on its own
-    records (the claims are data of the paper file, the records are what the runs gave): json and page rewritten
-    only when the claims changed."""
+    records (the claims are data of the paper file, the records are what the runs gave): the json rewritten when
+    the claims changed, the page when its claims section reads otherwise."""
     if scale == "smoke":
         return
     kept = json.loads(existing.read_text())
     fresh = judge_claims(row, row.paper_data() or {}, (kept.get("table") or []) + (kept.get("extra_table") or []),
                          kept.get("jobs") or {})
-    if fresh == kept.get("claims"):
-        return
-    kept["claims"] = fresh
     page = existing.with_suffix(".md")
-    if page.exists():
-        write_text(page, splice_claims(page.read_text(), kept))
-    write_json(existing, kept)
+    if fresh != kept.get("claims"):
+        kept["claims"] = fresh
+        write_json(existing, kept)
+    if page.exists() and (text := splice_claims(page.read_text(), kept)) != page.read_text():
+        write_text(page, text)  # the claims as this renderer words them (a wording change rewrites the section)
+
+
+def rejudge_all(root: Path = RESULTS_ROOT) -> list[Path]:
+    """Every committed comparison's claims judged again by the current rule and paper files (its records as they
+    are: no run is read): the comparisons whose claims changed."""
+    from flatbnn.reproduce.spec import list_rows, load_row
+    changed = []
+    for name in list_rows():
+        for scale in ("cpu", "paper"):
+            f = root / name / f"{scale}.json"
+            if f.exists():
+                page = f.with_suffix(".md")
+                before = (f.read_text(), page.read_text() if page.exists() else None)
+                _rejudge_claims(load_row(name), scale, f)
+                if (f.read_text(), page.read_text() if page.exists() else None) != before:
+                    changed.append(f)
+    return changed
 
 
 # the sections to_markdown writes after the claims: a spliced claims section goes before the first of them

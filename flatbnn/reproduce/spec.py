@@ -68,6 +68,18 @@ class Row:
             return list(self.cells)
         return ["/".join(combo) for combo in itertools.product(*(list(self.values[a]) for a in self.axes))]
 
+    def seed_test(self) -> tuple[str, str]:
+        """(``paired`` | ``welch``, why): how two of this row's cells are compared over seeds. Paired only where
+        the cells share one trained run per seed (an eval row's sample counts or corruption sets; a script row over
+        the same models declares ``compare.seed_test: paired``); cells trained separately are independent samples
+        (Welch). Claims and the direction table both read it."""
+        declared = (self.compare or {}).get("seed_test")
+        if declared is not None:
+            return str(declared), "declared in the row (compare.seed_test)"
+        if self.kind == "eval":
+            return "paired", "an eval row: its cells share one trained run per seed"
+        return "welch", "cells trained separately"
+
     def scale(self, scale: str) -> dict | None:
         if scale not in SCALES:
             raise SpecError(f"unknown scale {scale!r}: use one of {', '.join(SCALES)}")
@@ -149,6 +161,8 @@ def load_row(name_or_path: str | Path) -> Row:
         _check(bool(row.eval_from.get("row")), path, "an eval row needs eval_from: {row: <the trained row>}")
     for s in row.scales:
         _check(s in SCALES, path, f"unknown scale {s!r} (use {', '.join(SCALES)})")
+    _check((row.compare or {}).get("seed_test") in (None, "paired", "welch"), path,
+           f"compare.seed_test must be paired or welch, got {(row.compare or {}).get('seed_test')!r}")
     if row.kind in ("train", "eval"):
         _check(bool(row.axes), path, "a train row needs axes")
         for a in row.axes:

@@ -25,6 +25,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Iterable
 
+import numpy as np
 from scipy import stats as sps
 
 #: two-sided level of "beyond seed noise": p < NOISE_ALPHA, i.e. |difference| > t_(1 - ALPHA/2, dof) standard errors
@@ -145,18 +146,139 @@ class SeedTest:
     result: TTest
 
 
-def seed_difference_test(x_by_seed: dict, y_by_seed: dict, x: SeedStats, y: SeedStats) -> SeedTest | None:
-    """The test of mean(x) - mean(y) = 0 for two cells: paired (:func:`paired_ttest`) over the seeds both have when
-    there are 2+ (a seed fixes init and data order, and an eval row's cells share the trained run), else Welch
-    (:func:`welch_ttest`) from the two summaries. ``*_by_seed``: {seed: finite value}; None with fewer than 2 finite
-    values on either side."""
-    common = sorted(set(x_by_seed) & set(y_by_seed))
-    if len(common) >= 2:
-        return SeedTest("paired t", str(len(common)),
-                        paired_ttest([x_by_seed[k] for k in common], [y_by_seed[k] for k in common]))
+# ------------------------------------------------------------------------------------------ zero spread
+def sd_floor(resolution: float) -> float:
+    """The seed std assumed where the recorded values show less than one unit of ``resolution``: one unit. Seeds
+    that print the same number did not agree to infinitely many digits -- their spread is below what the record can
+    show, so the largest spread it cannot show is taken (rounding alone would give resolution / sqrt(12), which
+    calls a one-digit difference of identical triples significant). A std of 0 would make every difference
+    'beyond noise' (p = 0); with the floor the minimum detectable difference is a few units of the last digit."""
+    return float(resolution)
+
+
+def floored(st: SeedStats, resolution: float | None) -> SeedStats:
+    """``st`` with its std raised to :func:`sd_floor` (unchanged without a resolution or below 2 values)."""
+    if resolution is None or st.std is None or st.std >= sd_floor(resolution):
+        return st
+    return SeedStats(st.n, st.n_nonfinite, st.mean, sd_floor(resolution), st.n_nonnumeric)
+
+
+def paired_difference(x: list[float], y: list[float], resolution: float | None = None) -> TTest:
+    """mean(x - y) over matched seeds as a :class:`TTest` (two-sided p), the std of the differences floored at the
+    rounding error of a difference of two values recorded to ``resolution`` (sqrt(2) x :func:`sd_floor`)."""
+    if len(x) != len(y) or len(x) < 2:
+        raise ValueError(f"paired t-test needs 2+ matched pairs, got {len(x)} and {len(y)} values")
+    d = [a - b for a, b in zip(x, y)]
+    sd = statistics.stdev(d)
+    if resolution is not None:
+        sd = max(sd, math.sqrt(2.0) * sd_floor(resolution))
+    if sd == 0.0:
+        return _degenerate(statistics.fmean(d), 0.0, len(d) - 1)
+    diff, se, df = statistics.fmean(d), sd / math.sqrt(len(d)), len(d) - 1
+    t = diff / se
+    return TTest(diff, se, t, df, float(2.0 * sps.t.sf(abs(t), df)))
+
+
+def seed_difference_test(x_by_seed: dict, y_by_seed: dict, x: SeedStats, y: SeedStats, *, paired: bool = False,
+                         resolution: float | None = None) -> SeedTest | None:
+    """The test of mean(x) - mean(y) = 0 for two cells, as the row declares it: ``paired`` over the seeds both have
+    (cells that share one trained run per seed: an eval row's sample counts or corruption sets), else Welch from
+    the two summaries (separately trained cells: a shared seed number couples nothing but init and data order,
+    and pairing them spends degrees of freedom on correlations that range from -1 to +1). ``resolution``: the
+    stds are floored at its rounding error (:func:`sd_floor`). None with fewer than 2 finite values (pairs) a
+    side."""
+    if paired:
+        common = sorted(set(x_by_seed) & set(y_by_seed))
+        if len(common) < 2:
+            return None
+        return SeedTest("paired t", str(len(common)), paired_difference(
+            [x_by_seed[k] for k in common], [y_by_seed[k] for k in common], resolution))
     if x.std is None or y.std is None:
         return None
-    return SeedTest("Welch t", f"{x.n}+{y.n}", welch_ttest(x, y))
+    return SeedTest("Welch t", f"{x.n}+{y.n}", welch_ttest(floored(x, resolution), floored(y, resolution)))
 
 
-__all__ = ["NOISE_ALPHA", "NAN_POLICY", "SeedTest", "seed_difference_test", "SeedStats", "TTest", "is_finite", "is_number", "nonfinite_note", "seed_stats", "paired_ttest", "welch_ttest"]
+# ------------------------------------------------------------------------------------------ margins, families
+# (numpy-friendly: a TTest whose fields are arrays gives arrays -- the calibration simulates thousands of claims)
+def one_sided_p(t, df, alternative: str):
+    """P(T >= t) ('greater') or P(T <= t) ('less') under Student t with ``df`` dof."""
+    if alternative == "greater":
+        return sps.t.sf(t, df)
+    if alternative == "less":
+        return sps.t.cdf(t, df)
+    raise ValueError(f"alternative must be 'greater' or 'less', got {alternative!r}")
+
+
+def _t(x, se):
+    """x / se, with a zero se giving +-inf (or 0 for x = 0) instead of a division error."""
+    x, se = np.asarray(x, dtype=float), np.asarray(se, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(se > 0, x / np.where(se > 0, se, 1.0), np.sign(x) * np.inf)
+
+
+def _out(v):
+    return float(v) if np.ndim(v) == 0 else v
+
+
+def equivalence_p(t: TTest, margin):
+    """TOST (two one-sided tests) of |mean difference| < ``margin``: the larger of the p-values of
+    H0: diff <= -margin and H0: diff >= +margin. p < alpha <=> the (1 - 2 alpha) confidence interval of the
+    difference lies inside (-margin, +margin): equivalence shown."""
+    return _out(np.maximum(one_sided_p(_t(t.diff + margin, t.se), t.df, "greater"),
+                           one_sided_p(_t(t.diff - margin, t.se), t.df, "less")))
+
+
+def beyond_margin_p(t: TTest, margin):
+    """The test of H0: |diff| <= ``margin`` against |diff| > margin (a difference larger than the margin shown):
+    two-sided, i.e. twice the smaller one-sided p of diff - margin > 0 and diff + margin < 0 (at most 1)."""
+    return _out(np.minimum(1.0, 2.0 * np.minimum(one_sided_p(_t(t.diff - margin, t.se), t.df, "greater"),
+                                                  one_sided_p(_t(t.diff + margin, t.se), t.df, "less"))))
+
+
+def noninferiority_p(t: TTest, margin, sign: float = 1.0):
+    """Non-inferiority of a to b by ``margin``: H0: sign * diff <= -margin (a worse by the margin or more) against
+    a worse by less than the margin, or better. ``sign`` = +1 where higher is better, -1 where lower is."""
+    return _out(one_sided_p(_t(sign * t.diff + margin, t.se), t.df, "greater"))
+
+
+def inferiority_p(t: TTest, margin, sign: float = 1.0):
+    """The other side of :func:`noninferiority_p`: H0: sign * diff >= -margin against a worse than b by more
+    than the margin (inferiority beyond the margin shown)."""
+    return _out(one_sided_p(_t(sign * t.diff + margin, t.se), t.df, "less"))
+
+
+def welch_arrays(mean_a, sd_a, n_a: int, mean_b, sd_b, n_b: int) -> TTest:
+    """:func:`welch_ttest` over arrays of summaries (the calibration's thousands of simulated cells at once):
+    the same difference, se, Welch-Satterthwaite dof and two-sided p."""
+    va, vb = np.asarray(sd_a) ** 2 / n_a, np.asarray(sd_b) ** 2 / n_b
+    diff, se = np.asarray(mean_a) - np.asarray(mean_b), np.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (n_a - 1) + vb ** 2 / (n_b - 1))
+    t = _t(diff, se)
+    return TTest(diff, se, t, df, 2.0 * sps.t.sf(np.abs(t), df))
+
+
+def paired_arrays(d) -> TTest:
+    """:func:`paired_ttest` over arrays of per-seed differences (last axis = seeds)."""
+    d = np.asarray(d, dtype=float)
+    n = d.shape[-1]
+    diff, se = d.mean(-1), d.std(-1, ddof=1) / math.sqrt(n)
+    t = _t(diff, se)
+    return TTest(diff, se, t, np.full_like(diff, n - 1.0), 2.0 * sps.t.sf(np.abs(t), n - 1))
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error control under any dependence): the i-th smallest p
+    times (m - i + 1), made monotone, capped at 1. Reject where the adjusted p < alpha."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    out, running = [1.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        out[i] = running
+    return out
+
+
+__all__ = ["NOISE_ALPHA", "NAN_POLICY", "SeedTest", "seed_difference_test", "SeedStats", "TTest", "beyond_margin_p",
+           "equivalence_p", "floored", "holm", "inferiority_p", "is_finite", "is_number", "noninferiority_p",
+           "nonfinite_note", "one_sided_p", "paired_arrays", "paired_difference", "paired_ttest", "sd_floor",
+           "seed_stats", "welch_arrays", "welch_ttest"]

@@ -11,7 +11,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from flatbnn.engine.checkpoint import write_text
-from flatbnn.reproduce.claims import VERDICTS, verdict_line
+from flatbnn.reproduce.claims import (PAPER_N_ASSUMED, VERDICTS, cell_axes, judge_claim, paper_line, verdict_line,
+                                      verdict_word)
 from flatbnn.reproduce.compare import RESULTS_ROOT, paper_progress
 from flatbnn.reproduce.compare_markdown import progress_sentence
 from flatbnn.reproduce.protocol import fidelity_summary
@@ -152,10 +153,26 @@ def _claims_by_scale(name: str) -> dict:
     return out
 
 
+def _papers_own(name: str, claim: dict) -> dict | None:
+    """The claim judged on the paper's printed numbers alone (no run of ours needed), or None where it prints none
+    of the claim's cells."""
+    from flatbnn.reproduce.calibrate import paper_records
+    row, pd = load_row(name), load_paper_data(PAPER_DIR / f"{name}.yaml")
+    axes, cells = cell_axes(row, pd)
+    n = pd.get("seeds") if isinstance(pd.get("seeds"), int) else None
+    j = judge_claim(claim, paper_records(pd), {}, cells, axes, metrics=pd.get("metrics") or {}, source="paper",
+                    paper_n=n or PAPER_N_ASSUMED)
+    if j["verdict"] == "not run":
+        return None
+    return {"paper": {**j, "paper_n": n or PAPER_N_ASSUMED, "paper_n_assumed": n is None}}
+
+
 def _claims_section() -> tuple[list[str], list[str]]:
-    """The board's claims headline and its section: every row's claims (results/paper/<row>.yaml ``claims:``) with
-    their verdict at each scale."""
-    lines, totals, rows = [], {s: dict.fromkeys(VERDICTS, 0) for s in CLAIM_SCALES}, 0
+    """The board's claims headline (one line per scale) and its section: every row's claims
+    (results/paper/<row>.yaml ``claims:``) with their verdict at each scale and on the paper's own numbers."""
+    lines, rows = [], 0
+    totals = {s: dict.fromkeys(VERDICTS, 0) for s in CLAIM_SCALES}
+    paper_totals = dict.fromkeys(VERDICTS, 0)
     for name in list_rows():
         p = PAPER_DIR / f"{name}.yaml"
         try:
@@ -165,27 +182,47 @@ def _claims_section() -> tuple[list[str], list[str]]:
         rows += bool(claims)
         judged = _claims_by_scale(name) if claims else {}
         for claim in claims:
-            cells = []
+            cells, own = [], None
             for scale in CLAIM_SCALES:
                 j = judged[scale].get(claim["id"])
-                totals[scale][j["verdict"] if j else "not run"] += 1
+                verdict = j["verdict"] if j and j.get("verdict") in VERDICTS else "not run"
+                totals[scale][verdict] += 1
                 link = (f" ([{scale}](reproduce/{name}/{scale}.md))"
                         if j and (RESULTS_ROOT / name / f"{scale}.md").exists() else "")
-                cells.append((verdict_line(j) if j else "not run (no comparison at this scale)") + link)
+                cells.append((verdict_line(j, scale) if j and "tally" in j else
+                              "not run (no comparison at this scale)" if not j else
+                              "not judged (a comparison from before the family rule: rebuild it)") + link)
+            own = _papers_own(name, claim)
+            paper_totals[own["paper"]["verdict"] if own else "not run"] += 1
+            cells.append(paper_line(own) if own else "– (the paper prints none of these cells)")
             quote = claim["quote"] if len(claim["quote"]) <= 160 else claim["quote"][:157] + "..."
             # the row as a link to its claims (not `name`: the main table's lines are the ones that start "| `row`")
-            lines.append(f"| [{name}](paper/{name}.yaml) | `{claim['id']}` | \"{quote}\" ({claim['section']}) | "
-                         + " | ".join(cells) + " |")
+            lines.append(f"| [{name}](paper/{name}.yaml) | `{claim['id']}` | \"{quote}\" ({claim['section']}; "
+                         f"{claim.get('quantifier', 'overall')}) | " + " | ".join(cells) + " |")
     n = sum(totals["paper"].values())
-    head = [f"**Claims: {n} in {rows} rows**; " + "; ".join(
-        f"{scale} scale: " + ", ".join(f"{totals[scale][v]} {v}" for v in VERDICTS) for scale in CLAIM_SCALES)
-        + " (cpu = the reduced budget, never the paper's scale)."]
+
+    def counts(t: dict, scale: str) -> str:
+        return ", ".join(f"{t[v]} {verdict_word(v, scale)}" for v in VERDICTS if t[v])
+
+    head = [f"**Claims, paper scale: {n} claims in {rows} rows** -- {counts(totals['paper'], 'paper')}.",
+            "",
+            f"**Claims, cpu scale -- direction check (reduced budget), never a reproduction**: "
+            f"{counts(totals['cpu'], 'cpu')}.",
+            "",
+            f"**Claims judged on the papers' own printed numbers** (same rule): {counts(paper_totals, 'paper')}."]
     return head, ["", "## The papers' claims", "",
                   "Each claim is a sentence of the paper (`results/paper/<row>.yaml` `claims:`, its quote checked "
-                  "against ../shared/papers by tests/test_claims.py) that compares cells; its verdict at a scale comes "
-                  "from a two-sided 5 % t-test per comparison, paired over shared seeds, else Welch (definitions: "
-                  "docs/reproduce.md, Claims). cpu verdicts are at the reduced cpu budget, NOT the paper's scale.", "",
-                  "| row | claim | quote | cpu | paper scale |", "|---|---|---|---|---|"] + lines
+                  "against ../shared/papers by tests/test_claims.py) that compares cells, with a quantifier (all / "
+                  "overall / most) and, for comparable / not worse, a margin per metric. Its comparisons are tested "
+                  "by the row's declared design (Welch for separately trained cells, paired where cells share a "
+                  "trained run), Holm-adjusted within the claim (family-wise 5 %); the tally counts significant "
+                  "agreements, significant reversals and the rest with the sign of their estimate (definitions: "
+                  "docs/reproduce.md, Claims; `scripts/reproduce.py claims --calibrate` checks the rule's error "
+                  "rates). cpu verdicts are a direction check at the reduced cpu budget, NOT the paper's scale. The "
+                  "last column judges the paper's own printed numbers by the same rule: where it does not hold, "
+                  "neither can a faithful reproduction.", "",
+                  "| row | claim | quote | cpu (direction check) | paper scale | the paper's own numbers |",
+                  "|---|---|---|---|---|---|"] + lines
 
 
 def render() -> str:

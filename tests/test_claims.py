@@ -2,6 +2,7 @@
 of a claim at a scale (flatbnn/reproduce/claims.py) on synthetic seed values -- holds / reversed / within seed noise /
 not run, for each direction."""
 
+import json
 import math
 import os
 import re
@@ -376,3 +377,91 @@ def test_a_kept_page_gets_its_claims_section_spliced_in_and_nothing_else_changes
     assert twice.count("## The paper's claims") == 1 and "### `x`: **direction opposes**" in twice
     assert twice.replace("**direction opposes**", "**direction agrees**") == once
     assert compare_markdown.splice_claims("# T\n\n## Cells\n", c).startswith("# T\n\n## Cells\n\n## The paper's claims")
+
+
+# ------------------------------------------------------------------------------------------ curve metrics
+def test_a_curve_summary_is_the_trapezoidal_mean_height_over_the_x_range():
+    """curves.py by hand: y = (0.9, 0.7, 0.3) at x = (0, 1, 3): area 0.8 + 1.0 = 1.8 over a range of 3 -> 0.6 (a
+    plain mean of the points would say 0.633); the change from the first point, (0, -0.2, -0.6): -0.9 / 3 = -0.3."""
+    from flatbnn.reproduce import curves
+    xs, ys = [0, 1, 3], [0.9, 0.7, 0.3]
+    assert curves.summarize(xs, ys, "mean") == pytest.approx(0.6)
+    assert curves.summarize(xs, ys, "mean_change") == pytest.approx(-0.3)
+    # sorted by x, one y per x (the last recorded: a resumed run logs an epoch twice)
+    assert curves.summarize([3, 0, 1, 1], [0.3, 0.9, 0.5, 0.7], "mean") == pytest.approx(0.6)
+    assert math.isnan(curves.summarize(xs, [0.9, float("nan"), 0.3], "mean"))   # diverged: counted against it
+    assert curves.summarize([0], [0.9], "mean") is None                          # one point: not recorded
+    assert curves.summarize(xs, [0.9, None, 0.3], "mean") is None                # a point without a number
+    assert curves.problems({"m": {"better": "lower", "curve": {"x": "epoch", "y": "a", "summary": "median"}}})
+    assert curves.problems({"m": {"better": "lower", "curve": {"x": "epoch", "y": "a", "summary": "mean"}}}) == []
+
+
+def _write_run(d: Path, seed: int, lines: list[dict]):
+    """A finished run dir: its per-epoch metrics.jsonl and a results.json with what the comparison reads."""
+    d.mkdir(parents=True)
+    (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    meta = {"seed": seed, "dataset": "mnist", "model": "lenet5", "train_seconds": 1.0, "hardware": {"cpu": "x"},
+            "budget": {"epochs": 3, "train_size": 10, "test_size": 10, "global_batch": 2}, "git": {"commit": "0" * 40}}
+    (d / "results.json").write_text(json.dumps({"metrics": {"accuracy": 0.9, "nll": 0.3}, "meta": meta}))
+
+
+def test_a_curve_metric_is_each_runs_metrics_jsonl_summarised_and_judged_over_seeds(tmp_path, monkeypatch):
+    """hwa_fig1's 'better convergence' on the curves: each run's val/nll per epoch (MNIST's curves are on the held-out
+    split: the spec's 'test/nll|val/nll') summarised to its mean height, per seed, then the claim's Welch test.
+    HWA's curve (1.0, 0.5, 0.3) + 0.01 s has mean height (0.75 + 0.40) / 2 = 0.575 + 0.01 s; BBB's (2.0, 1.5, 1.0)
+    + 0.01 s: 1.5 + 0.01 s."""
+    row = spec.load_row("hwa_fig1")
+    out = tmp_path / "out"
+    for s in range(5):
+        for cid, ys in (("mnist/hwa", (1.0, 0.5, 0.3)), ("mnist/bbb_flipout", (2.0, 1.5, 1.0))):
+            lines = [{"epoch": e + 1, "val/nll": y + 0.01 * s, "val/accuracy": 0.5 + 0.1 * e} for e, y in enumerate(ys)]
+            lines.insert(1, {"epoch": 1, "train/loss": 9.0})                    # an epoch line without evaluation
+            lines[0] = {**lines[0], "val/nll": 5.0}                             # logged again on resume: the last wins
+            lines.insert(2, {"epoch": 1, "val/nll": ys[0] + 0.01 * s, "val/accuracy": 0.5})
+            _write_run(out / cid / f"seed{s}", s, lines)
+    monkeypatch.setattr(compare, "checks_staleness", lambda *a: False)
+    c = compare.build(row, "cpu", out)
+    by = {(r["cell"], r["metric"]): r for r in c["table"]}
+    hwa, bbb = by[("mnist/hwa", "loss_curve")], by[("mnist/bbb_flipout", "loss_curve")]
+    assert hwa["ours_by_seed"] == {str(s): pytest.approx(0.575 + 0.01 * s) for s in range(5)}
+    assert bbb["ours_by_seed"] == {str(s): pytest.approx(1.5 + 0.01 * s) for s in range(5)}
+    assert by[("mnist/hwa", "accuracy_curve")]["ours_mean"] == pytest.approx(0.6)   # (0.55 + 0.65) / 2
+    [cl] = [x for x in c["claims"] if x["id"] == "hwa_sgld_beat_bbb_mnist"]
+    judged = {(x["a"], x["metric"]): x for x in cl["comparisons"] if "test" in x}
+    loss = judged[("mnist/hwa", "loss_curve")]
+    assert loss["test"] == "Welch t" and loss["n"] == "5+5" and loss["diff"] == pytest.approx(-0.925)
+    assert loss["outcome"] == "agrees"   # lower test-loss curve, the claimed way; the accuracy curves are equal
+    assert judged[("mnist/hwa", "accuracy_curve")]["outcome"] == "within seed noise"
+    assert cl["tally"]["not run"] == 2   # SGLD's runs are not there
+
+
+def test_a_script_rows_per_run_records_give_the_degradation_per_seed(tmp_path, monkeypatch):
+    """fsam_fig4: the perturbation script's curves.<cell>.runs, one record per trained run with its seed, become one
+    value per seed of the paper file's 'degradation' (accuracy at alpha minus the same run's at alpha = 0, mean over
+    the alpha range, in points). FSAM (0.9, 0.8, 0.6) at alpha (0, 1, 2): (-0.05 - 0.2) / 2 = -12.5 points; SGD
+    (0.92, 0.6, 0.2): (-0.16 - 0.52) / 2 = -34 points; SAM degrades as FSAM does."""
+    row = spec.load_row("fsam_fig4")
+    curves = {"sgd": (0.92, 0.6, 0.2), "sam": (0.9, 0.8, 0.6), "fsam": (0.9, 0.8, 0.6)}
+    out = tmp_path / "fsam_fig4"
+    out.mkdir()
+    data = {"curves": {cell: {"runs": [{"run": f"r/{cell}/seed{s}", "seed": s, "alphas": [0.0, 1.0, 2.0],
+                                        "accuracy": [a + 0.002 * s * (i > 0) for i, a in enumerate(ys)]}
+                                       for s in range(3)]} for cell, ys in curves.items()}}
+    (out / "fig4_perturbation.json").write_text(json.dumps(data))
+    c = compare.build(row, "cpu", out)
+    by = {(r["cell"], r["metric"]): r for r in c["table"]}
+    # seed s's points at alpha > 0 are 0.2 s points higher: its degradation (0.1 s + 0.2 s) / 2 = 0.15 s higher
+    assert by[("fsam", "degradation")]["ours_by_seed"] == {str(s): pytest.approx(-12.5 + 0.15 * s) for s in range(3)}
+    assert by[("sgd", "degradation")]["ours_mean"] == pytest.approx(-34.0 + 0.15)
+    assert by[("fsam", "perturbed_accuracy")]["ours_mean"] == pytest.approx(100 * (0.85 + 0.7) / 2 + 0.15)
+    assert c["ours_only"] and by[("fsam", "degradation")]["state"] == "done"
+    [cl] = c["claims"]
+    got = {x["b"]: (x["test"], x["n"], x["outcome"]) for x in cl["comparisons"]}
+    assert got == {"sgd": ("Welch t", "3+3", "agrees"), "sam": ("Welch t", "3+3", "within seed noise")}
+    assert cl["verdict"] == "holds" and c["scale"] == "cpu"
+    # a record without its seed has no per-seed value: not judged, never compared by another test in silence
+    for rec in data["curves"]["sgd"]["runs"]:
+        del rec["seed"]
+    (out / "fig4_perturbation.json").write_text(json.dumps(data))
+    [cl] = compare.build(row, "cpu", out)["claims"]
+    assert {x["b"]: x["outcome"] for x in cl["comparisons"]}["sgd"] == "not judged"

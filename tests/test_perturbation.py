@@ -114,6 +114,9 @@ def test_analyze_perturb_alpha_zero_is_the_runs_accuracy(map_run, tmp_path):
     run = curve["runs"][0]
     acc_json = json.loads((map_run / "results.json").read_text())["metrics"]["accuracy"]
     assert run["accuracy"][0] == pytest.approx(acc_json, abs=1e-12)  # alpha = 0: the run's own test accuracy
+    # each run's record names its seed: the claims compare the per-seed degradation (compare.cells_from.runs)
+    seed = json.loads((map_run / "results.json").read_text())["meta"]["seed"]
+    assert seed is not None and [r["seed"] for r in curve["runs"]] == [seed, seed]
     assert run["test_examples"] == 360  # the whole digits test set
     assert run["delta_norm"] == pytest.approx([0.0, 0.5, 5.0], rel=1e-5, abs=1e-7)
     assert run["loss"][2] > run["loss"][0]

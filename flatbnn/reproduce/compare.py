@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from flatbnn.engine.report import CHANCE_SE
-from flatbnn.reproduce import archive, claims
+from flatbnn.reproduce import archive, claims, curves
 from flatbnn.reproduce.launch import OUTPUT_ROOT, checks_staleness, job_state, run_dir, stale_detail, stale_run
 from flatbnn.reproduce.protocol import fidelity_summary
 from flatbnn.reproduce.spec import REPO, Row
@@ -66,8 +66,9 @@ def collect(row: Row, scale: str, out: Path | None = None, archive_root: Path | 
     if archive_root is None and out is None:
         archive_root = archive.ARCHIVE_ROOT
     out = Path(out or OUTPUT_ROOT / row.row / scale)
+    curve_metrics = curves.declared((row.paper_data() or {}).get("metrics"))
     if row.kind == "script":
-        return {"out": str(out), "cells": _script_cells(row, out)}
+        return {"out": str(out), "cells": _script_cells(row, out, curve_metrics)}
     cells = {}
     for cell in row.cells_for(scale):
         runs, states, chance = [], {}, []
@@ -80,7 +81,7 @@ def collect(row: Row, scale: str, out: Path | None = None, archive_root: Path | 
             if state == "done" and checks_staleness(row, scale) and (why := stale_run(cell, seed, d)):
                 state, detail = "stale", stale_detail(row, scale, cell.id, seed, why)
             if state == "done":
-                runs.append(json.loads((d / "results.json").read_text()))
+                runs.append(_with_curve_metrics(json.loads((d / "results.json").read_text()), d, curve_metrics))
                 chance.append(_at_chance(runs[-1], d))
             states[seed] = (state, detail)
         cells[cell.id] = {"runs": runs, "states": states, "blocked": cell.blocked,
@@ -108,10 +109,25 @@ def _at_chance(result: dict, run: Path) -> bool:
     return acc <= p + CHANCE_SE * math.sqrt(p * (1.0 - p) / n)
 
 
-def _script_cells(row: Row, out: Path) -> dict:
-    """A script row's cells, read from the JSON its analysis wrote (spec ``compare.cells_from: {file, metrics:
-    {<metric>: "<dotted path with {cell}>"}}``, e.g. fsam_overhead's ``seconds_per_batch.map+{cell}`` in
-    overhead.json): one pseudo-run per cell, state done / missing. Rows without it have no cells to compare."""
+def _with_curve_metrics(result: dict, run: Path, curve_metrics: dict) -> dict:
+    """``result`` (a run's results.json) with the paper file's curve metrics (curves.py) added to its ``metrics``,
+    each summarised from the run's ``metrics.jsonl`` (kept in its committed record too); absent when it cannot be."""
+    for name, curve in curve_metrics.items():
+        if (value := curves.from_jsonl(run / "metrics.jsonl", curve)) is not None:
+            result.setdefault("metrics", {})[name] = value
+    return result
+
+
+def _script_cells(row: Row, out: Path, curve_metrics: dict | None = None) -> dict:
+    """A script row's cells, read from the JSON its analysis wrote (spec ``compare.cells_from``; rows without it
+    have no cells to compare), state done / missing per cell:
+
+    - ``{file, metrics: {<metric>: "<dotted path with {cell}>"}}``: one value per cell (e.g. fsam_overhead's
+      ``seconds_per_batch.map+{cell}`` in overhead.json), one pseudo-run without seeds;
+    - ``{file, runs: "<dotted path with {cell}>", metrics: {<metric>: "<path inside a run's record>"}}``: the
+      list of the cell's per-run records (e.g. fsam_fig4's ``curves.{cell}.runs``), one pseudo-run per record with
+      its ``seed`` (a record without one has no per-seed value) and the paper file's curve metrics summarised
+      from it (curves.py)."""
     spec = (row.compare or {}).get("cells_from")
     if not spec:
         return {}
@@ -119,15 +135,29 @@ def _script_cells(row: Row, out: Path) -> dict:
     data = json.loads(path.read_text()) if path.exists() else None
     cells = {}
     for cell in row.cells or []:
-        metrics = {}
-        for metric, template in (spec.get("metrics") or {}).items():
-            value = _get(data or {}, template.format(cell=cell))
-            if value is not None:
-                metrics[METRIC_PATHS.get(metric, metric)] = value
-        state = ("done", str(path)) if metrics else ("missing", f"{path} has no numbers for {cell}")
-        cells[cell] = {"runs": [{"metrics": metrics, "meta": None}] if metrics else [], "states": {0: state},
-                       "blocked": None, "at_chance": False}
+        if spec.get("runs"):
+            records = _get(data or {}, spec["runs"].format(cell=cell))
+            runs = [_record_run(r, spec.get("metrics") or {}, curve_metrics or {})
+                    for r in (records if isinstance(records, list) else []) if isinstance(r, dict)]
+            runs = [r for r in runs if r["metrics"]]
+        else:
+            metrics = {}
+            for metric, template in (spec.get("metrics") or {}).items():
+                value = _get(data or {}, template.format(cell=cell))
+                if value is not None:
+                    metrics[METRIC_PATHS.get(metric, metric)] = value
+            runs = [{"metrics": metrics, "meta": None}] if metrics else []
+        states = ({(r.get("seed") if r.get("seed") is not None else k): ("done", str(path)) for k, r in enumerate(runs)}
+                  or {0: ("missing", f"{path} has no numbers for {cell}")})
+        cells[cell] = {"runs": runs, "states": states, "blocked": None, "at_chance": False}
     return cells
+
+
+def _record_run(record: dict, paths: dict, curve_metrics: dict) -> dict:
+    """A script's per-run record as a pseudo-run: its values at ``paths`` and its curve metrics, and its seed."""
+    metrics = {METRIC_PATHS.get(m, m): v for m, p in paths.items() if (v := _get(record, p)) is not None}
+    metrics.update({m: v for m, curve in curve_metrics.items() if (v := curves.from_record(record, curve)) is not None})
+    return {"metrics": metrics, "meta": None, "seed": record.get("seed")}
 
 
 def _paper_to_ours(row: Row, paper_cell: str, metric: str, scale: str = "paper") -> tuple[str, str]:
@@ -152,9 +182,10 @@ def _paper_to_ours(row: Row, paper_cell: str, metric: str, scale: str = "paper")
 
 
 def _by_seed(runs: list[dict], values: list) -> dict:
-    """{seed: value} of the finite values (for the paired seed-noise test of two cells that share seeds)."""
-    return {str(r["meta"]["seed"]): v for r, v in zip(runs, values)
-            if is_finite(v) and (r.get("meta") or {}).get("seed") is not None}
+    """{seed: value} of the finite values (for the paired seed-noise test of two cells that share seeds): the run's
+    ``meta.seed``, a script's pseudo-run's own ``seed``."""
+    return {str(seed): v for r, v in zip(runs, values)
+            if is_finite(v) and (seed := (r.get("meta") or {}).get("seed", r.get("seed"))) is not None}
 
 
 def _seed_values(runs: list[dict], path: str, metric: str, unit: str | None) -> list:
@@ -205,8 +236,10 @@ def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | No
                     rec["verdict"] = _verdict(rec)
                     rec["verdict_seeds"] = st["n"]
             table.append(rec)
-    ours_only = not (pd.get("cells") or [])
-    if ours_only and row.kind != "script":  # the paper's numbers are lost: our cells ranked against each other
+    # the paper prints no numbers (lost, or a figure): our cells ranked against each other -- a script row's too
+    # when its output names cells (compare.cells_from)
+    ours_only = not (pd.get("cells") or []) and (row.kind != "script" or bool(ours["cells"]))
+    if ours_only:
         table = _ours_table(ours, metrics or DEFAULT_METRICS)
     extra = []  # our cells the paper prints no number for (e.g. VSAM T3's MFVI extension): shown, never compared
     if not ours_only and row.kind != "script" and table:
@@ -221,7 +254,7 @@ def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | No
     if row.kind == "script" and launch_file.exists():
         script = json.loads(launch_file.read_text())
     return {"script": script, "row": row.row, "paper": row.paper, "title": row.title, "scale": scale, "out": ours["out"],
-            "table": table, "ours_only": ours_only and row.kind != "script", "extra_table": extra, "direction": direction, "budget": _budget(row, scale, runs),
+            "table": table, "ours_only": ours_only, "extra_table": extra, "direction": direction, "budget": _budget(row, scale, runs),
             "jobs": jobs, "claims": judge_claims(row, pd, table + extra, jobs) if scale != "smoke" else [],
             "failed": {f"{cid}/seed{s}": d for cid, c in ours["cells"].items() for s, (st, d) in c["states"].items()
                        if st == "failed"},

@@ -15,6 +15,7 @@ import yaml
 
 from flatbnn import resources
 from flatbnn.reproduce import claims as claims_mod
+from flatbnn.reproduce import curves
 
 REPO = resources.project_root()  # where outputs/ and results/ are written
 ROWS_DIR = resources.ROWS_DIR
@@ -237,7 +238,7 @@ def load_paper_data(path: str | Path) -> dict:
         for m in metrics:
             v = c.get(m)
             _check(v is None or isinstance(v, dict), path, f"cell {c['cell']!r}: {m} must be {{mean:, std:}}")
-    bad = claims_mod.problems(data.get("claims"), axes, metrics)
+    bad = curves.problems(metrics) + claims_mod.problems(data.get("claims"), axes, metrics)
     _check(not bad, path, "; ".join(bad[:3]) + " (claims: docs/reproduce.md)")
     return data
 

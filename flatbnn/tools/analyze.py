@@ -358,7 +358,8 @@ def cmd_perturb(args) -> dict:
         eval_batches = loss_batches(run, "test", args.eval_examples, args.batch_size, args.subset_seed)
         for _, module in sampled_models(run, 1):  # MAP: the model itself; posteriors: their first sample
             c = adversarial_perturbation_curve(module, cross_entropy, grad_batches, eval_batches, args.alphas)
-        rec = {"run": str(run.path), **c, "results_json_accuracy": (run.results or {}).get("metrics", {}).get("accuracy"),
+        rec = {"run": str(run.path), "seed": ((run.results or {}).get("meta") or {}).get("seed"),  # per-seed claims
+               **c, "results_json_accuracy": (run.results or {}).get("metrics", {}).get("accuracy"),
                "test_examples": sum(int(y.numel()) for _, y in eval_batches)}
         per_label.setdefault(label, []).append(rec)
         print(f"{label} ({run.path}): accuracy " + " ".join(f"{a:g}:{100 * v:.2f}" for a, v in zip(args.alphas, c["accuracy"]))

@@ -186,6 +186,19 @@ def test_holm_keeps_one_noisy_comparison_of_twenty_from_reversing_a_claim():
     assert comps[0]["outcome"] == "reversed"
 
 
+def test_an_all_claim_tests_its_agreements_as_an_intersection_union():
+    """'all' holds only if every comparison agrees: each at 5 % is already a 5 % test of the conjunction, so its
+    agreements are not Holm-adjusted (which would leave it no power); its reversals are (any one reverses)."""
+    comps = [{"direction": "better", "p_agree": 0.03, "p_reverse": 1.0, "toward": 1} for _ in range(8)]
+    claims.adjust_family(comps, quantifier="all")
+    assert all(c["outcome"] == "agrees" for c in comps) and claims.claim_verdict("all", comps)[0] == "holds"
+    claims.adjust_family(comps, quantifier="overall")   # overall: the same p-values are Holm-adjusted (x 8)
+    assert all(c["outcome"] == "within seed noise" for c in comps)
+    rev = [{"direction": "better", "p_agree": 1.0, "p_reverse": 0.03, "toward": -1}] + comps[1:]
+    claims.adjust_family(rev, quantifier="all")
+    assert rev[0]["outcome"] == "within seed noise"      # 0.03 x 8 after Holm: no reversal
+
+
 def _comps(agree=0, reverse=0, noise_toward=0, noise_against=0, failed=0, direction="better"):
     out = ([{"outcome": "agrees", "toward": 1}] * agree + [{"outcome": "reversed", "toward": -1}] * reverse
            + [{"outcome": "within seed noise", "toward": 1}] * noise_toward
@@ -204,7 +217,7 @@ def _comps(agree=0, reverse=0, noise_toward=0, noise_against=0, failed=0, direct
     ("most", dict(reverse=3, noise_toward=1), "reversed"),
     ("overall", dict(agree=1, noise_toward=3), "holds"),
     ("overall", dict(agree=1, noise_against=3), "within seed noise"),   # one win, most estimates the other way
-    ("overall", dict(agree=3, reverse=1, noise_toward=2), "holds"),
+    ("overall", dict(agree=3, reverse=1, noise_toward=2), "mixed"),     # a significant exception is never outvoted
     ("overall", dict(agree=1, reverse=1, noise_toward=2), "mixed"),
     ("overall", dict(reverse=1, noise_against=2), "reversed"),
     ("overall", dict(failed=1, noise_against=2), "reversed"),           # a failed cell counts against its method

@@ -133,7 +133,7 @@ def simulate(shape: Shape, scenario: str, reps: int, rng: np.random.Generator) -
     for r in range(reps):
         comps = [{"direction": direction, "p_agree": float(pa[r]), "p_reverse": float(pr[r]), "toward": int(tw[r])}
                  for pa, pr, tw in per]
-        C.adjust_family(comps)
+        C.adjust_family(comps, quantifier=quantifier)
         counts[C.claim_verdict(quantifier, comps)[0]] += 1
     return {v: c / reps for v, c in counts.items()}
 

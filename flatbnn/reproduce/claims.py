@@ -19,8 +19,10 @@ spread gives a minimum detectable difference, never p = 0). Its p-values:
 - comparable: equivalence within the margin (TOST) for agreement, a difference beyond the margin for reversal;
 - not_worse: non-inferiority by the margin for agreement, inferiority beyond the margin for reversal.
 
-**The family** is the claim's comparisons: each kind of p-value is Holm-adjusted over them (family-wise error 5 %
-under any dependence -- the comparisons share cells). A comparison then *agrees* (adjusted p < 5 % the claimed
+**The family** is the claim's comparisons: the p-values of reversal are Holm-adjusted over them (family-wise error
+5 % under any dependence -- the comparisons share cells), and so are those of agreement, except under ``all``:
+there the claim holds only if every comparison agrees, an intersection-union test that is level 5 % with each
+comparison at 5 %. A comparison then *agrees* (adjusted p < 5 % the claimed
 way), is *reversed* (adjusted p < 5 % the other way), or is neither -- *within seed noise* (better / worse) or
 *inconclusive* (comparable / not_worse: the interval reaches past the margin), with the sign of its point estimate.
 A cell that failed -- at chance, or a seed that diverged -- counts against the method it belongs to: against a
@@ -32,8 +34,9 @@ tallied with the undecided). A metric without a record, or a record without per-
 
 - ``all``: holds when A = K; reversed when R > 0 and A = 0; mixed when both; else within seed noise / inconclusive;
 - ``most``: holds when A > K / 2; reversed when R > K / 2; mixed when A > 0 and R > 0; else within noise;
-- ``overall``: holds when A > 0, A > R and more point estimates point the claimed way than against; reversed in the
-  mirror case; mixed when A > 0 and R > 0 otherwise; else within seed noise / inconclusive.
+- ``overall``: holds when A > 0, R = 0 and more point estimates point the claimed way than against; reversed in the
+  mirror case; mixed when A > 0 and R > 0 (a significant exception is a finding, shown, never outvoted); else
+  within seed noise / inconclusive.
 
 With no true difference a false "holds" or "reversed" needs a false significant comparison, which Holm keeps below
 5 % (``scripts/reproduce.py claims --calibrate`` simulates every claim at its shape and checks it). Below the paper's
@@ -279,14 +282,18 @@ def judge(direction: str, a: dict | None, b: dict | None, jobs: dict, *, paired:
     return out
 
 
-def adjust_family(comparisons: list[dict], alpha: float = NOISE_ALPHA, adjust=None) -> None:
-    """Holm-adjust the tested comparisons' p-values of agreement and of reversal (each its own family) and set
-    each one's outcome (in place). ``adjust``: another adjustment (default :data:`FAMILY_ADJUST`, Holm)."""
+def adjust_family(comparisons: list[dict], alpha: float = NOISE_ALPHA, adjust=None,
+                  quantifier: str = "overall") -> None:
+    """Adjust the tested comparisons' p-values and set each one's outcome (in place). Reversals: Holm over the
+    family (a claim is reversed by ANY significant reversal, a union: its error needs the adjustment). Agreements:
+    Holm too, except under ``all``, where the claim holds only when EVERY comparison agrees -- an intersection-union
+    test, level alpha with each comparison at alpha (adjusting it as well would leave an ``all`` claim no power).
+    ``adjust``: another adjustment (default :data:`FAMILY_ADJUST`, Holm)."""
     adjust = adjust or FAMILY_ADJUST
     tested = [c for c in comparisons if "p_agree" in c]
     if not tested:
         return
-    agree_adj = adjust([c["p_agree"] for c in tested])
+    agree_adj = [c["p_agree"] for c in tested] if quantifier == "all" else adjust([c["p_agree"] for c in tested])
     rev_adj = adjust([c["p_reverse"] for c in tested])
     for c, pa, pr in zip(tested, agree_adj, rev_adj):
         c["p_agree_adj"], c["p_reverse_adj"] = pa, pr
@@ -312,10 +319,10 @@ def claim_verdict(quantifier: str, comparisons: list[dict]) -> tuple[str, dict]:
         verdict = "holds" if agree == k else "mixed" if agree and bad else "reversed" if bad else weak
     elif quantifier == "most":
         verdict = ("holds" if agree > k / 2 else "reversed" if bad > k / 2 else "mixed" if agree and bad else weak)
-    else:  # overall
-        if agree and agree > bad and toward > against:
+    else:  # overall: no significant exception either way, and the estimates lean the claimed way
+        if agree and not bad and toward > against:
             verdict = "holds"
-        elif bad and bad > agree and against > toward:
+        elif bad and not agree and against > toward:
             verdict = "reversed"
         else:
             verdict = "mixed" if agree and bad else weak
@@ -357,7 +364,7 @@ def judge_claim(claim: dict, records: list[dict], jobs: dict, cell_ids: list[str
                                 "paper": [(a or {}).get("paper_mean"), (b or {}).get("paper_mean")],
                                 **judge(claim["direction"], a, b, jobs, paired=paired, res=res, claim=claim,
                                         source=source, paper_n=paper_n)})
-    adjust_family(comparisons, adjust=adjust)
+    adjust_family(comparisons, adjust=adjust, quantifier=claim.get("quantifier", "overall"))
     verdict, tally = claim_verdict(claim.get("quantifier", "overall"), comparisons)
     tests = sorted({f"{c['test']}, n={c['n']}" for c in comparisons if c.get("test")})
     return {**{k: claim[k] for k in REQUIRED_KEYS + OPTIONAL_KEYS if k in claim},

@@ -195,12 +195,13 @@ _SCALE_WORDS = {"cpu": "cpu scale (the reduced budget above), NOT the paper's sc
 RULE_TEXT = ("Each comparison (a cell pair on one metric) is tested by the row's declared design ({design}); "
              "better / worse by the two-sided t-test of no difference, comparable by equivalence within the claim's "
              "margin (TOST), not worse by non-inferiority by the margin. The family is the claim's comparisons: "
-             "their p-values are Holm-adjusted (family-wise error 5 %), so a comparison *agrees* or is *reversed* "
+             "their p-values are Holm-adjusted (family-wise error 5 %; an `all` claim's agreements are not: it holds "
+             "only if every one agrees, an intersection-union test), so a comparison *agrees* or is *reversed* "
              "only when its adjusted p < 5 %; the rest are within seed noise (or inconclusive, where the interval "
              "reaches past the margin), with the sign of their point estimate. A cell at chance or with a diverged "
              "seed counts against its own method and never for the claim. The claim: `all` holds when every "
-             "comparison agrees; `most` when more than half do; `overall` when some agree, more agree than reverse "
-             "and most point estimates point the claimed way; reversed in the mirror cases, mixed when both "
+             "comparison agrees; `most` when more than half do; `overall` when some agree, none is reversed and "
+             "most point estimates point the claimed way; reversed in the mirror cases, mixed when both "
              "agreements and reversals are significant (docs/reproduce.md, Claims).")
 
 

@@ -23,11 +23,10 @@ What the base does:
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, vmap
 
 from flatbnn import runlog
+from flatbnn.flatness.batched import parts_forward, parts_losses
 from flatbnn.methods.base import Method
 from flatbnn.methods.param_vector import flatten, unflatten
 
@@ -150,23 +149,12 @@ class DiagonalGaussianMethod(Method):
         return self.optimizer.sample_noise_parts(self.generator, buf)
 
     def parts_forward(self, names: list[str], weights: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """Logits of every part at its own weights, ``torch.func.vmap`` over the parts: ``weights`` [parts, *shape]
-        per tensor, ``x`` [parts, part size, ...] -> [parts, part size, ...]. Buffers are shared (no BatchNorm)."""
-        buffers = dict(self.module.named_buffers())
-
-        def one(w, xk):
-            return functional_call(self.module, ({n: t for n, t in zip(names, w)}, buffers), (xk,))
-        return vmap(one, in_dims=(0, 0))(list(weights), x)
+        """Logits of every part at its own weights (flatbnn/flatness/batched.py: ``parts_forward``)."""
+        return parts_forward(self.module, names, weights, x)
 
     def parts_losses(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """[parts] mean loss of each part (the loop's per-part ``loss_fn``): the criterion per part, or the
-        cross-entropy of every example at once, averaged per part."""
-        if self.ctx.criterion is not None:
-            return vmap(self.ctx.criterion)(logits, y)
-        m = logits.shape[0]
-        per_example = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(0, 1), reduction="none",
-                                      label_smoothing=self.ctx.label_smoothing)
-        return per_example.view(m, -1).mean(1)
+        """[parts] mean loss of each part, as the loop's per-part loss (flatbnn/flatness/batched.py)."""
+        return parts_losses(logits, y, self.ctx.criterion, self.ctx.label_smoothing)
 
     @torch.no_grad()
     def _assign(self, params, values) -> None:

@@ -52,7 +52,8 @@ METHOD_VARIANTS = {
     "bsam_batched": Variant("bsam", keys={"batched_parts": True}),
     "bsam_loop": Variant("bsam", keys={"batched_parts": False}),
 }
-FLATNESS_VARIANTS = {"sam_m8": Variant("sam", keys={"m": 8})}
+FLATNESS_VARIANTS = {"sam_m8": Variant("sam", keys={"m": 8}),
+                     "sam_m8_batched": Variant("sam", keys={"m": 8, "batched_chunks": True})}
 # cross pairs beyond the default rows: the RATIOS of scripts/benchmark.py and the papers' F-methods
 EXTRA_PAIRS = ("map+sam_m8", "swag+sam", "swag+fsam", "swag_diag+none", "sgld+sam", "sgvb_lrt+none", "sgvb+sam",
                "hwa_lowrank+none", "map_adam+none", "map_adam+sam_m8")

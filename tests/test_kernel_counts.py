@@ -105,5 +105,6 @@ def test_the_loops_are_far_above_the_targets(method, sgd_launches):
     assert ratio > 3 * TARGETS[method], ratio
 
 
-def test_batched_parts_auto_is_batched_on_a_gpu_only():
+def test_batched_parts_auto_is_batched_on_a_gpu_and_where_a_method_measured_it_faster_on_the_cpu():
     assert batched_by_default(torch.device("cuda")) and not batched_by_default(CPU)
+    assert not BSAM.batched_on_cpu and VOGN.batched_on_cpu and batched_by_default(CPU, VOGN.batched_on_cpu)

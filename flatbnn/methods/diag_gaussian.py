@@ -38,11 +38,14 @@ def batch_size(batch) -> int:
     return int(first.shape[0])
 
 
-def batched_by_default(device: torch.device) -> bool:
-    """``batched_parts=auto``: batched on a GPU, the loop elsewhere. Why, measured (issue 52): on a GPU the small nets'
-    step is bound by kernel launches, and the batched step launches ~m times fewer (tests/test_kernel_counts.py);
-    on one CPU thread the loop is as fast or faster (results/bench/cpu-*-mnist-*.md: the batched_parts rows)."""
-    return device.type == "cuda"
+def batched_by_default(device: torch.device, batched_on_cpu: bool = False) -> bool:
+    """``batched_parts=auto``: batched on a GPU; on a CPU where the method measured faster batched (``batched_on_cpu``).
+    Why, measured (issue 52): on a GPU the small nets' step is bound by kernel launches, and the batched step launches
+    several times fewer (tests/test_kernel_counts.py); on one CPU thread the loop is faster for bSAM (and SAM's
+    batched chunks), the batched parts for VOGN on the MNIST MLP (the loop and batched rows side by side:
+    results/bench/loaded-cpu/cpu-2026-11-28-mnist-mlp-b200.md; on LeNet-5 batched was 5-8 % faster for all three, within
+    that loaded machine's noise)."""
+    return device.type == "cuda" or batched_on_cpu
 
 
 class DiagonalGaussianMethod(Method):
@@ -50,6 +53,8 @@ class DiagonalGaussianMethod(Method):
     own_perturbation = True
     min_num_samples = 0  # num_samples=0 predicts with the mean
     predict_keys = Method.predict_keys + ("eval_seed",)
+    #: ``batched_parts=auto`` on a CPU: whether the batched parts measured faster than the loop (batched_by_default)
+    batched_on_cpu = False
 
     def __init__(self, num_samples: int = 32, n_data_factor: float = 1.0, eval_seed: int = 1,
                  batched_parts: str | bool = "auto"):
@@ -123,7 +128,8 @@ class DiagonalGaussianMethod(Method):
         possible; a batch that ``parts`` does not divide (the short last one) takes the loop, its exact step."""
         if parts <= 1 or batch_size(batch) % parts:
             return False
-        want = batched_by_default(self.ctx.device) if self.batched_parts == "auto" else self.batched_parts
+        want = (batched_by_default(self.ctx.device, self.batched_on_cpu) if self.batched_parts == "auto"
+                else self.batched_parts)
         if not want:
             return False
         self.check_batched(backprop.scaler is not None)

@@ -17,6 +17,13 @@ is the ratio of two reported median step times of this one process run. SWAG col
 here (worst case; normally once per epoch) and its per-collection time is shown. Synthetic inputs:
 this measures compute, not data loading.
 
+Floors (``--floors``): a hand-written eager SGD step of the same model (``floor:sgd``: forward, cross-entropy,
+backward, momentum SGD written out), one draw of the m parts' posterior noise (``floor:noise_m8``: one ``normal_``
+of [8, P] and its multiply, as bSAM / VOGN draw it), a square GEMM (``floor:gemm``: the GEMM rate of this process),
+and the FLOP floor of an SGD step computed from it (forward FLOPs x 3 at that rate). ``cpu_targets`` then puts each
+m = 8 row beside its floor (issue 52: SAM <= 3 x SGD, bSAM <= 1.3 x (2 SGD + noise), VOGN <= 1.3 x (1.5 SGD + noise),
+SGD <= 4 x its FLOP floor), every number from this one process.
+
 Writes ``<out>/<device>-<date>[-smoke].json`` (device, torch, precision, batch, model, per row the
 step times of every round, median, spread and images/s, the ratios with the issue's GPU targets,
 git commit) and a Markdown table beside it (same name, ``.md``). Not a timed test: numbers are data.
@@ -87,7 +94,12 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
+INPUT_SHAPE: tuple[int, ...] | None = None  # --input-shape (main sets it); else by model
+
+
 def _input_shape(model: str) -> tuple[int, ...]:
+    if INPUT_SHAPE is not None:
+        return INPUT_SHAPE
     return (1, 28, 28) if model == "mlp" else (3, 32, 32)
 
 
@@ -203,6 +215,82 @@ def build_reference(name: str, args, device):
     return step
 
 
+def build_floor(name: str, args, device):
+    """A closure of one floor row (module docstring), on the same initial weights and data as ``build``."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    if name == "floor:gemm":
+        n = 1024
+        a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+        step = lambda: torch.mm(a, b)  # noqa: E731
+    else:
+        module, model = _prepare(create(args), args, device)
+        x, y = _data(args, _input_shape(args.model), device)
+        params = [p for p in module.parameters() if p.requires_grad]
+        if name == "floor:sgd":
+            bufs = [torch.zeros_like(p) for p in params]
+            model.train()
+
+            def step():  # zero, forward, loss, backward, momentum SGD: nothing a method or the engine adds
+                for p in params:
+                    p.grad = None
+                F.cross_entropy(model(x), y).backward()
+                with torch.no_grad():
+                    torch._foreach_mul_(bufs, 0.9)
+                    torch._foreach_add_(bufs, [p.grad for p in params])
+                    torch._foreach_add_(params, bufs, alpha=-0.01)
+        elif name == "floor:noise_m8":
+            noise = torch.empty(8, sum(p.numel() for p in params), device=device)
+            std = torch.full((noise.shape[1],), 0.01, device=device)
+            g = torch.Generator(device=device).manual_seed(0)
+            step = lambda: noise.normal_(generator=g).mul_(std)  # noqa: E731
+        else:
+            raise BadInput(f"unknown floor row {name!r}: {list(FLOOR_ROWS)}")
+    for _ in range(args.warmup):
+        step()
+    return step
+
+
+FLOOR_ROWS = ("floor:sgd", "floor:noise_m8", "floor:gemm")
+
+
+def forward_flops(args, device) -> float:
+    """FLOPs of one forward of the model on one batch (torch's FlopCounterMode: 2 per multiply-add)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    module, model = _prepare(create(args), args, device)
+    x, _ = _data(args, _input_shape(args.model), device)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(x)
+    return float(counter.get_total_flops())
+
+
+# issue 52's CPU targets: (name, row, floor as {floor: weight}, target); floor "sgd" and "noise" are the floor rows'
+# median step times, "flop" the SGD step's FLOP floor
+CPU_TARGETS = [
+    ("SAM m=8 / SGD floor", "map+sam_m8", {"sgd": 1.0}, 3.0),
+    ("SAM m=8 batched / SGD floor", "map+sam_m8_batched", {"sgd": 1.0}, 3.0),
+    ("bSAM m=8 / (2 SGD + m noise)", "bsam+none", {"sgd": 2.0, "noise": 1.0}, 1.3),
+    ("bSAM m=8 batched / (2 SGD + m noise)", "bsam_batched+none", {"sgd": 2.0, "noise": 1.0}, 1.3),
+    ("VOGN m=8 / (1.5 SGD + m noise)", "vogn_m8+none", {"sgd": 1.5, "noise": 1.0}, 1.3),
+    ("VOGN m=8 batched / (1.5 SGD + m noise)", "vogn_m8_batched+none", {"sgd": 1.5, "noise": 1.0}, 1.3),
+    ("SGD (map+none) / FLOP floor", "map+none", {"flop": 1.0}, 4.0),
+    ("hand-written SGD / FLOP floor", "floor:sgd", {"flop": 1.0}, 4.0),
+]
+
+
+def cpu_targets(rows: dict, floors: dict) -> dict:
+    out = {}
+    for name, row, weights, target in CPU_TARGETS:
+        if row in rows and all(k in floors for k in weights):
+            floor_ms = sum(w * floors[k] for k, w in weights.items())
+            value = rows[row]["step_ms_median"] / floor_ms
+            out[name] = {"value": value, "row": row, "floor_ms": floor_ms, "floor": weights, "target": target,
+                         "meets_target": value <= target}
+    return out
+
+
 def build_swag_parts(method: SWAG, device):
     """Our SWAG collection and sampling alone, with a full deviation buffer (the steady state)."""
     for _ in range(method.max_rank + 1):
@@ -301,6 +389,18 @@ def markdown(result: dict) -> str:
         lines += ["", "| ratio (median step times, this run) | value | issue-17 target (GPU) |", "|---|---:|---:|"]
         for name, r in result["ratios"].items():
             lines.append(f"| {name} = {r['numerator']} / {r['denominator']} | {r['value']:.3f} | ≤ {r['target']} |")
+    if result.get("floors"):
+        f = result["floors"]
+        lines += ["", f"Floors: hand-written SGD step {f['sgd']:.3f} ms; m = 8 noise draws {f['noise']:.3f} ms; GEMM "
+                  f"{f['gemm_gflops']:.1f} GFLOP/s; forward {f['forward_gflop']:.4f} GFLOP, FLOP floor of an SGD step "
+                  f"(x 3 at that rate) {f['flop']:.3f} ms"]
+    if result.get("cpu_targets"):
+        lines += ["", "| CPU target (issue 52) | row ms | floor ms | ratio | target | met |", "|---|---:|---:|---:|---:|---|"]
+        for name, r in result["cpu_targets"].items():
+            lines.append(f"| {name} | {result['rows'][r['row']]['step_ms_median']:.3f} | {r['floor_ms']:.3f} | "
+                         f"{r['value']:.2f} | ≤ {r['target']} | {'yes' if r['meets_target'] else 'no'} |")
+    if result.get("note"):
+        lines += ["", result["note"]]
     if result["skipped"]:
         lines += ["", "Skipped: " + "; ".join(f"{k} ({v})" for k, v in result["skipped"].items())]
     if s["reference"]:
@@ -331,6 +431,13 @@ def parse_args(argv=None):
                     help="weight samples per vmapped forward for that predictive, beside the one-by-one loop")
     ap.add_argument("--graphed", action="store_true",
                     help="also time each pair through trainer.cuda_graph's GraphedStep (rows <pair>:graphed)")
+    ap.add_argument("--floors", action="store_true",
+                    help="also time the floor rows (hand-written SGD, m = 8 noise, GEMM) and report the CPU targets")
+    ap.add_argument("--input-shape", default=None, help="C,H,W of the synthetic inputs (default: 1,28,28 for mlp, "
+                    "else 3,32,32)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a model keyword (e.g. --set variant=bsam for model=lenet5 model.variant=bsam); repeatable")
+    ap.add_argument("--note", default=None, help="a caveat written into the JSON and the Markdown (e.g. the load)")
     ap.add_argument("--smoke", action="store_true", help="tiny model, 2 steps: the whole pipeline in seconds")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--label", default=None, help="what these numbers are (default: device and 'smoke')")
@@ -339,6 +446,17 @@ def parse_args(argv=None):
     ap.add_argument("--json", default=None, help="write the JSON here instead (the .md goes beside it)")
     args = ap.parse_args(argv)
     args.model_overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BadInput(f"--set {item!r}: expected KEY=VALUE")
+        import yaml
+        args.model_overrides[key] = yaml.safe_load(value)
+    if args.input_shape:
+        try:
+            args.input_shape = tuple(int(v) for v in args.input_shape.split(","))
+        except ValueError:
+            raise BadInput(f"--input-shape {args.input_shape!r}: expected C,H,W integers") from None
     if args.smoke:
         for k, v in SMOKE.items():
             if k != "configs":
@@ -354,7 +472,9 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> dict:
+    global INPUT_SHAPE
     args = parse_args(argv)
+    INPUT_SHAPE = args.input_shape
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -388,6 +508,9 @@ def main(argv=None) -> dict:
         for name in REFERENCE_ROWS:
             steps[name] = build_reference(name, args, device)
             kinds[name] = "step" if name in ("ref:sam", "ref:asam", "ref:swag", "ref:bsam") else name.split(":")[1]
+    if args.floors:
+        for name in FLOOR_ROWS:
+            steps[name], kinds[name] = build_floor(name, args, device), "floor" if name != "floor:sgd" else "step"
     if args.eval_samples:  # the K-sample predictive, one by one vs eval_sample_chunk at a time
         for chunk in sorted({1, args.eval_chunk}):
             name = f"predict:k{args.eval_samples}:chunk{chunk}"
@@ -406,6 +529,13 @@ def main(argv=None) -> dict:
                 method.collect()
             _sync(device)
             rows[pair]["collect_ms"] = (time.perf_counter() - t0) / 5 * 1e3
+    floors = {}
+    if args.floors:
+        gemm_ms = rows["floor:gemm"]["step_ms_median"]
+        gflops = 2 * 1024 ** 3 / (gemm_ms / 1e3) / 1e9
+        fwd = forward_flops(args, device)
+        floors = {"sgd": rows["floor:sgd"]["step_ms_median"], "noise": rows["floor:noise_m8"]["step_ms_median"],
+                  "gemm_gflops": gflops, "forward_gflop": fwd / 1e9, "flop": 3 * fwd / (gflops * 1e9) * 1e3}
     now = datetime.datetime.now(datetime.timezone.utc)
     smoke_note = " -- smoke run: tiny model, 2 steps; checks the pipeline, not a performance number"
     cpu_note = " -- CPU: relative costs only, not issue 17's GPU numbers"
@@ -422,7 +552,7 @@ def main(argv=None) -> dict:
         "git": git_commit(),
         "hardware": hardware(device, 1),
         "settings": {"model": args.model, "model_overrides": args.model_overrides,
-                     "input_shape": list(_input_shape(args.model)),
+                     "input_shape": list(_input_shape(args.model)), "floors": args.floors,
                      "batch_size": args.batch_size, "steps": args.steps, "warmup": args.warmup,
                      "repeats": args.repeats, "precision": args.precision, "channels_last": args.channels_last,
                      "compile": args.compile, "smoke": args.smoke, "reference": args.reference,
@@ -436,6 +566,9 @@ def main(argv=None) -> dict:
             (f"predictive chunk{args.eval_chunk}/chunk1", f"predict:k{args.eval_samples}:chunk{args.eval_chunk}",
              f"predict:k{args.eval_samples}:chunk1", 1.0)] if args.eval_samples and args.eval_chunk > 1 else [])},
         "skipped": skipped,
+        "floors": floors,
+        "cpu_targets": cpu_targets(rows, floors) if floors else {},
+        "note": args.note,
     }
     json_path = Path(args.json) if args.json else (
         Path(args.out) / f"{device_slug(device)}-{now.date().isoformat()}{'-smoke' if args.smoke else ''}.json")

@@ -185,7 +185,12 @@ class OldBSAM(BSAM):
         try:
             for k, (chunk, share) in enumerate(chunks):
                 first = k == 0
-                noise = opt.sample_noise(self.generator) if self.noise else None
+                # the one change to this frozen copy (issue 52): the noise of all parts comes from one draw, as today's
+                # step draws it (tests here compare the fp16 branches, not the noise stream)
+                if k == 0:
+                    draws = self.noise_parts(len(chunks), params) if self.noise else None
+                noise = None if draws is None else [d.view(p.shape) for d, p in zip(
+                    draws[k].split([p.numel() for p in params]), params)]
                 with torch.no_grad():
                     self._assign(params, mean if noise is None else torch._foreach_add(mean, noise))
                 self._record = True

@@ -63,8 +63,11 @@ def _hand_steps(w, b, batches, m, seed, steps, lr_factors):
         parts = list(zip(torch.tensor_split(x, m), torch.tensor_split(y, m)))
         gp_avg = [torch.zeros_like(p) for p in params]
         h_avg = [torch.zeros_like(p) for p in params]
-        for xk, yk in parts:
-            noise = [torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in params]
+        # the noise of every part in ONE draw [parts, P], row k for part k, split into the parameters in order (issue 52:
+        # one normal_ per step instead of one per tensor and part -- the same distribution, another stream)
+        draws = torch.randn(m, sum(p.numel() for p in params), generator=gen, dtype=params[0].dtype)
+        for k, (xk, yk) in enumerate(parts):
+            noise = [d.view(p.shape) for d, p in zip(draws[k].split([p.numel() for p in params]), params)]
             noisy = [p + n * torch.sqrt(1.0 / (N * si)) for p, n, si in zip(params, noise, s)]
             g = grad_at(noisy, xk, yk)
             gp = grad_at([p + rho * gi / si for p, gi, si in zip(params, g, s)], xk, yk)

@@ -59,8 +59,11 @@ def _hand_steps(params, batches, m, seed, lr_factors):
     for (x, y), factor in zip(batches, lr_factors):
         g_hat = [torch.zeros_like(p) for p in mu]
         h_hat = [torch.zeros_like(p) for p in mu]
-        for xk, yk in zip(torch.tensor_split(x, m), torch.tensor_split(y, m)):
-            eps = [torch.randn(p.shape, generator=gen, dtype=p.dtype) for p in mu]
+        # the noise of every part in ONE draw [parts, P] (issue 52: one normal_ per step, not one per tensor and part),
+        # row k for part k, each row split into the parameters in order -- the method's stream since issue 52
+        draws = torch.randn(m, sum(p.numel() for p in mu), generator=gen, dtype=mu[0].dtype)
+        for k, (xk, yk) in enumerate(zip(torch.tensor_split(x, m), torch.tensor_split(y, m))):
+            eps = [e.view(p.shape) for e, p in zip(draws[k].split([p.numel() for p in mu]), mu)]
             w = [p + e / torch.sqrt(N * (si + delta)) for p, e, si in zip(mu, eps, s)]
             per_example = []
             for i in range(len(yk)):

@@ -180,11 +180,15 @@ class ReferenceBSAM:
         h = [torch.zeros_like(p) for p in self.params]
         bn_state = None
         loss_sum = 0.0
+        # the noise of all parts in one draw [parts, P] (row k: part k, split into the tensors in order): the order
+        # flatbnn's bSAM draws in since issue 52, so the two see the same noise (the official code draws per tensor)
+        sizes = [p.numel() for p in self.params]
+        draws = torch.randn(len(parts), sum(sizes), generator=self.generator, device=mean[0].device,
+                            dtype=mean[0].dtype)
         for k, (xk, yk) in enumerate(parts):
             with torch.no_grad():
-                for p, w, s in zip(self.params, mean, self.precision):
-                    noise = torch.randn(p.shape, generator=self.generator, device=p.device, dtype=p.dtype)
-                    p.copy_(w + noise * torch.sqrt(1.0 / (self.n_data * s)))
+                for p, w, s, noise in zip(self.params, mean, self.precision, draws[k].split(sizes)):
+                    p.copy_(w + noise.view(p.shape) * torch.sqrt(1.0 / (self.n_data * s)))
             loss, g = self._grads(xk, yk, dtype)
             with torch.no_grad():
                 for p, w, gi, s in zip(self.params, mean, g, self.precision):

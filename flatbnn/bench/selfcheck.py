@@ -45,11 +45,11 @@ class StepPath:
     model: str = "frn"           # frn: ResNet-20-FRN; wrn: WRN-28-2 (the dry run shrinks both)
     batch: int = 200
     precision: str = "fp32"
-    method: str = "map"          # map | bsam
+    method: str = "map"          # map | bsam | vogn (no path of its own yet: each path costs window time)
     flatness: str = "none"       # none | sam_m8
     optimizer: str = "sgd"       # sgd | adam (configs/optimizer/<name>.yaml)
     graphed: bool = True         # through trainer.cuda_graph's GraphedStep
-    batched: bool = False        # flatness.batched_chunks
+    batched: bool = False        # flatness.batched_chunks; bSAM / VOGN: method.batched_parts
     compiled: bool = False       # trainer.compile's backbone inside the step
     cap_s: float = 45.0          # this path's subprocess time cap (cold start + 2 x 5 steps + timing)
 
@@ -61,7 +61,8 @@ PATHS = (
              batch=128, precision="bf16"),
     StepPath("sam_m8_batched", "trainer.cuda_graph + flatness.batched_chunks, SAM m=8", flatness="sam_m8",
              batched=True),
-    StepPath("bsam_m8", "trainer.cuda_graph, bSAM m=8", method="bsam"),
+    # the parts batched (method.batched_parts=auto on a GPU; the dry run asks for them on the CPU too)
+    StepPath("bsam_m8", "trainer.cuda_graph, bSAM m=8, parts batched", method="bsam", batched=True),
     StepPath("adam_capturable", "trainer.cuda_graph, Adam (capturable=True on CUDA)", optimizer="adam"),
     StepPath("compiled", "trainer.compile backbone inside trainer.cuda_graph, SGD", compiled=True, cap_s=100.0),
 )
@@ -84,6 +85,7 @@ def build(path: StepPath, device, dry: bool):
     from flatbnn.flatness import SAM, NoFlatness
     from flatbnn.methods import MAP, RunContext
     from flatbnn.methods.bsam import BSAM
+    from flatbnn.methods.vogn import VOGN
     from flatbnn.models import create_model
     from flatbnn.models.resnet_frn import ResNetFRN
 
@@ -94,7 +96,8 @@ def build(path: StepPath, device, dry: bool):
     else:
         depth, widen = (10, 1) if dry else (28, 2)
         net = create_model("wrn", 10, (3, side, side), depth=depth, widen_factor=widen)
-    method = BSAM(m=8, num_samples=1) if path.method == "bsam" else MAP()
+    method = {"bsam": lambda: BSAM(m=8, num_samples=1, batched_parts=path.batched),
+              "vogn": lambda: VOGN(m=8, num_samples=1, batched_parts=path.batched), "map": MAP}[path.method]()
     module = method.prepare_model(net).to(device)
     precision = path.precision if device.type == "cuda" else "fp32"
     if precision == "bf16":

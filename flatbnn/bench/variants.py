@@ -45,8 +45,15 @@ METHOD_VARIANTS = {
     "sgld": Variant("sgld", momentum=0.0),  # textbook SGLD has no momentum
     "sgld_official": Variant("sgld_official", momentum=0.0),
     "mc_dropout": Variant("mc_dropout", model={"dropout": 0.05}),
+    "vogn_m8": Variant("vogn", keys={"m": 8}),  # the papers' VOGN: 8 independent noise samples per step (bsam rows)
+    # the m parts batched (one vmap over the parts) or looped, whatever the device's rule (batched_parts=auto) says
+    "vogn_m8_batched": Variant("vogn", keys={"m": 8, "batched_parts": True}),
+    "vogn_m8_loop": Variant("vogn", keys={"m": 8, "batched_parts": False}),
+    "bsam_batched": Variant("bsam", keys={"batched_parts": True}),
+    "bsam_loop": Variant("bsam", keys={"batched_parts": False}),
 }
-FLATNESS_VARIANTS = {"sam_m8": Variant("sam", keys={"m": 8})}
+FLATNESS_VARIANTS = {"sam_m8": Variant("sam", keys={"m": 8}),
+                     "sam_m8_batched": Variant("sam", keys={"m": 8, "batched_chunks": True})}
 # cross pairs beyond the default rows: the RATIOS of scripts/benchmark.py and the papers' F-methods
 EXTRA_PAIRS = ("map+sam_m8", "swag+sam", "swag+fsam", "swag_diag+none", "sgld+sam", "sgvb_lrt+none", "sgvb+sam",
                "hwa_lowrank+none", "map_adam+none", "map_adam+sam_m8")

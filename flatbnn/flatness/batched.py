@@ -19,21 +19,13 @@ The train accuracy is counted on chunk 0's first pass, as the loop does."""
 
 from __future__ import annotations
 
+import functools
+from contextlib import contextmanager
+
 import torch
+import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad, vmap
-
-
-class _LossOf(nn.Module):
-    """``loss_fn(batch)`` as a module whose only child is the backbone, so ``functional_call`` can swap its weights."""
-
-    def __init__(self, net: nn.Module, loss_fn):
-        super().__init__()
-        self.net = net
-        self.loss_fn = loss_fn
-
-    def forward(self, batch):
-        return self.loss_fn(batch)
+from torch.func import functional_call, vmap
 
 
 def config_refusal(*, flatness_name: str, plain_sam: bool, method_name: str, plain_loss: bool, m: int,
@@ -82,9 +74,59 @@ def refusal(flatness, loss_fn, batch, backprop, scaling, perturb, *, plain_sam: 
     return None
 
 
+def _matmul_linear(mod: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    out = torch.matmul(x, mod.weight.mT)
+    return out if mod.bias is None else out + mod.bias
+
+
+@contextmanager
+def _linear_as_matmul(module: nn.Module):
+    """Inside: every ``nn.Linear`` (not already swapped, e.g. by VOGN's taps) computes x W^T + b as a matmul and an add.
+    Why: under vmap with per-part weights, ``F.linear``'s batching rule takes addmm's beta * bias, a multiply more in
+    the forward and in the backward of every layer (kernel launches, issue 52); the same values up to rounding."""
+    swapped = [mod for mod in module.modules() if type(mod) is nn.Linear and "forward" not in vars(mod)]
+    for mod in swapped:
+        mod.forward = functools.partial(_matmul_linear, mod)
+    try:
+        yield
+    finally:
+        for mod in swapped:
+            del mod.forward
+
+
+def parts_forward(module: nn.Module, names: list[str], weights, x: torch.Tensor) -> torch.Tensor:
+    """Logits of every part at its own weights, ``torch.func.vmap`` over the parts (forward only: the caller's one
+    autograd backward then gives each part's gradient w.r.t. its own weights): ``weights`` [parts, *shape] per tensor
+    named ``names`` (the others and the buffers as they are), ``x`` [parts, part size, ...]."""
+    def one(w, xk):
+        return functional_call(module, {n: t for n, t in zip(names, w)}, (xk,), strict=False)
+    with _linear_as_matmul(module):
+        return vmap(one, in_dims=(0, 0))(list(weights), x)
+
+
+def parts_losses(logits: torch.Tensor, y: torch.Tensor, criterion=None, label_smoothing: float = 0.0) -> torch.Tensor:
+    """[parts] mean loss of each part, as ``Method.loss_fn`` gives it per part: the criterion per part (vmap), or the
+    cross-entropy of every example at once (no vmap: its batching rule would take ~10 kernels more), averaged per
+    part."""
+    if criterion is not None:
+        return vmap(criterion)(logits, y)
+    per_example = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(0, 1), reduction="none",
+                                  label_smoothing=label_smoothing)
+    return per_example.view(logits.shape[0], -1).mean(1)
+
+
+def part_leaves(flat: torch.Tensor, params) -> list[torch.Tensor]:
+    """[parts, P] (or [P]) -> per parameter a view [parts, *shape] (or [*shape]) detached and requiring grad: the leaves
+    whose gradients are the parts' own."""
+    lead = flat.shape[:-1]
+    return [t.view(*lead, *p.shape).detach().requires_grad_(True)
+            for t, p in zip(flat.split([p.numel() for p in params], dim=-1), params)]
+
+
 def batched_sam_gradient(flatness, params, loss_fn, batch, backprop, scaling=None, perturb=None, *,
                          plain_sam: bool, plain_loss: bool) -> torch.Tensor:
-    """Leave sum_k g'_k / m in ``p.grad``; return the mean first-pass loss (see the module docstring)."""
+    """Leave sum_k g'_k / m in ``p.grad``; return the mean first-pass loss (see the module docstring). Both passes
+    are a vmap-ed forward over the chunks and one autograd backward; the ascent is one [m, P] row per chunk."""
     from flatbnn.flatness.base import unzip_named
 
     _, params = unzip_named(params)
@@ -93,43 +135,38 @@ def batched_sam_gradient(flatness, params, loss_fn, batch, backprop, scaling=Non
     if why is not None:
         raise ValueError(why)
     module, owner, m = backprop.module, loss_fn.__self__, flatness.m
-    names = {id(p): n for n, p in module.named_parameters()}
-    keys = [f"net.{names[id(p)]}" for p in params]
-    wrapper = _LossOf(module, loss_fn)
+    ids = {id(p): n for n, p in module.named_parameters()}
+    names = [ids[id(p)] for p in params]
     x, y = batch
     xs, ys = x.reshape(m, -1, *x.shape[1:]), y.reshape(m, -1, *y.shape[1:])
+    criterion, smoothing = owner.ctx.criterion, owner.ctx.label_smoothing
 
-    logits_of_chunk = []
-    hook = module.register_forward_hook(lambda mod, inp, out: logits_of_chunk.append(out))
+    def grads_at(flat):  # [m, P] weights -> ([m, P] each chunk's gradient of its mean loss, losses [m], logits)
+        leaves = part_leaves(flat, params)
+        with torch.enable_grad():
+            logits = backprop.forward(lambda xk: parts_forward(module, names, leaves, xk), xs)
+            losses = parts_losses(logits, ys, criterion, smoothing)
+        grads = torch.autograd.grad(losses.sum(), leaves)  # chunk k's loss depends on its own weights only
+        return torch.cat([g.reshape(m, -1) for g in grads], dim=1), losses.detach(), logits.detach()
 
-    def chunk_loss(weights, xk, yk):
-        logits_of_chunk.clear()
-        loss = backprop.forward(lambda b: functional_call(wrapper, dict(zip(keys, weights)), (b,)), (xk, yk))
-        return loss, (loss.detach(), logits_of_chunk[-1])
-
-    record, owner._record = owner._record, False  # counted below from chunk 0's logits, as the loop counts
-    try:
-        weights = tuple(p.detach() for p in params)
-        g, (loss, logits) = vmap(grad(chunk_loss, has_aux=True), in_dims=(None, 0, 0))(weights, xs, ys)
-        with torch.no_grad():
-            norm = torch.linalg.vector_norm(torch.stack([t.reshape(m, -1).norm(dim=1) for t in g]), dim=0)  # [m]
-            finite = torch.isfinite(norm)
-            radius = flatness.radius_tensor(norm.device).to(norm.dtype)
-            factor = torch.where(finite, torch.reciprocal(norm + flatness.eps) * radius, torch.zeros_like(norm))
-            moved = tuple(w + torch.where(finite.view(-1, *[1] * w.dim()), gk * factor.view(-1, *[1] * w.dim()), 0.0)
-                          for w, gk in zip(weights, g))
-        g2, _ = vmap(grad(chunk_loss, has_aux=True), in_dims=(0, 0, 0))(moved, xs, ys)
-    finally:
-        hook.remove()
-        owner._record = record
     with torch.no_grad():
-        for p, gk in zip(params, g2):
-            mean = gk.sum(0) / m
+        mean = torch.cat([p.detach().reshape(-1) for p in params])
+    g, loss, logits = grads_at(mean.expand(m, -1))
+    with torch.no_grad():
+        norm = torch.linalg.vector_norm(g, dim=1, keepdim=True)  # [m, 1]: each chunk's global L2 norm
+        finite = norm < float("inf")  # isfinite for a norm (>= 0 or NaN) in one kernel instead of four
+        radius = flatness.radius_tensor(norm.device).to(norm.dtype)
+        # eps_k = rho g_k / (||g_k|| + eps), 0 for a non-finite chunk: torch.where, since inf * 0 is NaN
+        moved = torch.where(finite, g * (torch.reciprocal(norm + flatness.eps) * radius), 0.0).add_(mean)
+    g2, _, _ = grads_at(moved)
+    with torch.no_grad():
+        for p, gk in zip(params, g2.sum(0).div_(m).split([p.numel() for p in params])):
+            gk = gk.view(p.shape)
             if p.grad is None:
-                p.grad = mean.to(p.dtype)
+                p.grad = gk.to(p.dtype)
             else:
-                p.grad.add_(mean)
-        if record:
+                p.grad.add_(gk)
+        if owner._record:
             owner.count_correct(logits[0], ys[0])
             owner._seen += ys[0].numel()
             owner._record = False

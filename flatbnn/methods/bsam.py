@@ -7,7 +7,8 @@ crop+flip augmentation "to account for the augmented data", i.e. a tempered post
 delta = ``prior_precision`` / N. There is no KL term: the prior enters as delta * w in the momentum
 and delta in the precision. Per step, the batch is cut into ``m`` parts and for each part:
 
-    w~   = w + n * sqrt(1 / (N s)),   n ~ N(0, I)            noisy point (own noise per part)
+    w~   = w + n * sqrt(1 / (N s)),   n ~ N(0, I)            noisy point (own noise per part; one draw
+                                                             [parts, P] per step for all parts, row k part k's)
     g    = grad L_part(w~)                                   mean NLL over the part
     g_p  = grad L_part(w + rho * g / s)                      ascent from the MEAN w, no normalisation
     h    = sqrt(s) * |g|
@@ -16,7 +17,9 @@ and delta in the precision. Per step, the batch is cut into ``m`` parts and for 
 so g, the ascent rho * g / s and h are all taken at the mean; the update and the predictive are unchanged.
 
 g_p and h are averaged over the parts (weighted by part size: the plain mean for equal parts, as
-the official code's reshape requires) and, under DDP, over ranks; then (``BSAMOptimizer.step``)
+the official code's reshape requires) and, under DDP, over ranks. The parts run one after another (2m passes) or
+batched (``batched_parts``: two ``vmap``-ed passes over all parts; flatbnn/methods/diag_gaussian.py), the same step up
+to the order of float sums; then (``BSAMOptimizer.step``)
 
     m <- beta1 m + (1 - beta1)(g_p + delta w);  w <- w - alpha lr_factor m / s (old s);
     s <- beta2 s + (1 - beta2)(h + damping + delta)
@@ -49,6 +52,7 @@ import torch
 from flatbnn.flatness.base import split_batch
 from flatbnn.flatness.sam import all_finite
 from flatbnn.methods.diag_gaussian import DiagonalGaussianMethod, batch_size
+from flatbnn.methods.param_vector import unflatten
 from flatbnn.optim.bsam import BSAMOptimizer
 
 BN_POLICIES = ("both", "first", "second", "none")
@@ -61,12 +65,13 @@ class BSAM(DiagonalGaussianMethod):
     def __init__(self, lr: float = 0.5, beta1: float = 0.9, beta2: float = 0.999, rho: float = 0.01,
                  m: int = 8, prior_precision: float = 40.0, n_data_factor: float = 1.0, damping: float = 0.1,
                  s_init: float = 1.0, num_samples: int = 32, bn_stats: str = "both", eval_seed: int = 1,
-                 noise: bool = True):
+                 noise: bool = True, batched_parts: str | bool = "auto"):
         if int(m) < 1:
             raise ValueError(f"method.m must be >= 1, got {m}")
         if bn_stats not in BN_POLICIES:
             raise ValueError(f"method.bn_stats must be one of {BN_POLICIES}, got {bn_stats!r}")
-        super().__init__(num_samples=num_samples, n_data_factor=n_data_factor, eval_seed=eval_seed)
+        super().__init__(num_samples=num_samples, n_data_factor=n_data_factor, eval_seed=eval_seed,
+                         batched_parts=batched_parts)
         self.lr_init, self.betas, self.rho, self.m = float(lr), (float(beta1), float(beta2)), float(rho), int(m)
         self.prior_precision, self.damping, self.s_init = float(prior_precision), float(damping), float(s_init)
         self.bn_stats = bn_stats
@@ -104,6 +109,25 @@ class BSAM(DiagonalGaussianMethod):
         params = opt.params()
         # this process's share of the m parts; a short last batch (drop_last=False) gets as many as it has examples
         chunks = split_batch(batch, min(self.m // self.world_size, batch_size(batch)))
+        # Alg. 1 line 3 for every part at once: one draw [parts, P] (row k: part k's noise)
+        noise = self.noise_parts(len(chunks), params) if self.noise else None
+        if self.use_batched(batch, len(chunks), backprop):
+            g_p, h, loss_sum = self._batched_parts(params, batch, len(chunks), noise, backprop)
+        else:
+            g_p, h, loss_sum = self._loop_parts(params, chunks, noise, backprop)
+        g_p = self._all_reduce(g_p)
+        h = self._all_reduce(h)
+        if backprop.scaler is not None:
+            self._update_unless_overflow(params, g_p, h, backprop)
+        else:
+            self.apply_update(params, g_p, h, backprop)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return {"loss": loss_sum}
+
+    def _loop_parts(self, params, chunks, noise, backprop):
+        """(g_p, h, loss) of the parts one after another: two forward / backward passes each."""
+        opt = self.optimizer
         with torch.no_grad():
             mean = [p.detach().clone() for p in params]
         g_p = [torch.zeros_like(p) for p in params]
@@ -112,11 +136,10 @@ class BSAM(DiagonalGaussianMethod):
         try:
             for k, (chunk, share) in enumerate(chunks):
                 first = k == 0
-                # Alg. 1 line 3; noise off: the first gradient at the mean (Table 3 ablation). Always reassign:
-                # the previous part left the weights at its ascent point
-                noise = opt.sample_noise(self.generator) if self.noise else None
+                # noise off: the first gradient at the mean (Table 3 ablation). Always reassign: the previous part
+                # left the weights at its ascent point
                 with torch.no_grad():
-                    self._assign(params, mean if noise is None else torch._foreach_add(mean, noise))
+                    self._assign(params, mean if noise is None else torch._foreach_add(mean, unflatten(noise[k], params)))
                 self._record = True  # train accuracy at the noisy weights, every part
                 loss, g = self._grad(params, chunk, backprop, first and self.bn_stats in ("first", "both"))
                 ascent, curv = opt.ascent(g), opt.curvature(g)
@@ -132,15 +155,50 @@ class BSAM(DiagonalGaussianMethod):
                 loss_sum = loss_sum + loss.float() * share
         finally:
             self._assign(params, mean)
-        g_p = self._all_reduce(g_p)
-        h = self._all_reduce(h)
-        if backprop.scaler is not None:
-            self._update_unless_overflow(params, g_p, h, backprop)
-        else:
-            self.apply_update(params, g_p, h, backprop)
-        if self.scheduler is not None:
-            self.scheduler.step()
-        return {"loss": loss_sum}
+        return g_p, h, loss_sum
+
+    def batched_refusal(self, precision_fp16: bool = False) -> str | None:
+        if len(self.optimizer.param_groups) > 1:
+            return "several parameter groups"
+        return super().batched_refusal(precision_fp16)
+
+    def _batched_parts(self, params, batch, parts: int, noise, backprop):
+        """(g_p, h, loss) of all parts at once: two ``vmap``-ed forward passes over the parts (each at its own
+        weights), each with one backward -- the loop's element-wise arithmetic on [parts, P] rows, sums over parts
+        in another order (tests/test_bsam.py: the same weights to float rounding)."""
+        opt = self.optimizer
+        names = [n for n, _ in self.named_parameters()]
+        x, y = batch
+        xs, ys = x.reshape(parts, -1, *x.shape[1:]), y.reshape(parts, -1, *y.shape[1:])
+        group = opt.param_groups[0]
+        autocast = (torch.autocast(backprop.device.type, dtype=backprop.dtype) if backprop.dtype is not None
+                    else torch.autocast(backprop.device.type, enabled=False))
+
+        def grads_at(flat):  # [parts, P] weights -> ([parts, P] gradients of each part's mean loss, losses, logits)
+            leaves = [t.view(parts, *p.shape).detach().requires_grad_(True)
+                      for t, p in zip(flat.split([p.numel() for p in params], dim=-1), params)]
+            with torch.enable_grad(), autocast:
+                logits = self.parts_forward(names, leaves, xs)
+                losses = self.parts_losses(logits, ys)
+            grads = torch.autograd.grad(losses.sum(), leaves)  # part k's loss depends on its own weights only
+            return torch.cat([g.reshape(parts, -1) for g in grads], dim=1), losses.detach(), logits.detach()
+
+        with torch.no_grad():
+            mean = torch.cat([p.detach().reshape(-1) for p in params])
+            s = torch.cat([t.reshape(-1) for t in opt.precisions()])
+            noisy = mean.expand(parts, -1) if noise is None else noise.add_(mean)  # the buffer becomes the weights
+        g, losses, logits = grads_at(noisy)
+        with torch.no_grad():
+            ascent = g.mul(group["rho"]).div_(s)  # rho * g / s, as BSAMOptimizer.ascent
+            curv = torch.mul(s, g).mul_(g).sqrt_()  # sqrt(s * g * g), as BSAMOptimizer.curvature
+            self.count_correct(logits.flatten(0, 1), y)  # train accuracy at the noisy weights, every part
+            self._seen += y.numel()
+            ascent.add_(mean)
+        gp, _, _ = grads_at(ascent)
+        with torch.no_grad():
+            g_p = unflatten(gp.sum(0).mul_(1.0 / parts), params)
+            h = unflatten(curv.sum(0).mul_(1.0 / parts), params)
+        return g_p, h, losses.float().mean()
 
     @torch.no_grad()
     def _update_unless_overflow(self, params, g_p, h, backprop) -> None:

@@ -11,6 +11,9 @@ What the base does:
 * training noise comes from the engine's per-rank generator (``ctx.generator``, checkpointed per
   rank by the engine), or an own generator when none is given; its state is also kept in
   ``state_dict`` so a state round trip alone resumes exactly;
+* the m-sharpness parts of a step (bSAM's and VOGN's ``m``) run one after another (the loop) or all at once
+  (``batched_parts``: one ``torch.func.vmap`` forward over the parts, each with its own weights, and one backward):
+  the same step up to the order of float sums. ``auto`` takes the measured rule :func:`batched_by_default`;
 * ``predict`` yields ``num_samples`` weight samples w + std * n from a fixed evaluation seed (the
   same weights on every DDP rank and after any resume); ``num_samples = 0`` predicts with the mean
   w alone (the papers' "mean" metrics). BatchNorm running statistics are used as trained (no
@@ -20,9 +23,14 @@ What the base does:
 from __future__ import annotations
 
 import torch
+from torch import nn
 
+from flatbnn import runlog
+from flatbnn.flatness.batched import parts_forward, parts_losses
 from flatbnn.methods.base import Method
 from flatbnn.methods.param_vector import flatten, unflatten
+
+BATCHED_PARTS = ("auto", True, False)
 
 
 def batch_size(batch) -> int:
@@ -30,13 +38,30 @@ def batch_size(batch) -> int:
     return int(first.shape[0])
 
 
+def batched_by_default(device: torch.device, batched_on_cpu: bool = False) -> bool:
+    """``batched_parts=auto``: batched on a GPU; on a CPU where the method measured faster batched (``batched_on_cpu``).
+    Why, measured (issue 52): on a GPU the small nets' step is bound by kernel launches, and the batched step launches
+    several times fewer (tests/test_kernel_counts.py); on one CPU thread the loop is faster for bSAM (and SAM's
+    batched chunks), the batched parts for VOGN on the MNIST MLP (the loop and batched rows side by side:
+    results/bench/loaded-cpu/cpu-2026-11-28-mnist-mlp-b200.md; on LeNet-5 batched was 5-8 % faster for all three, within
+    that loaded machine's noise)."""
+    return device.type == "cuda" or batched_on_cpu
+
+
 class DiagonalGaussianMethod(Method):
     name = "diag_gaussian"
     own_perturbation = True
     min_num_samples = 0  # num_samples=0 predicts with the mean
     predict_keys = Method.predict_keys + ("eval_seed",)
+    #: ``batched_parts=auto`` on a CPU: whether the batched parts measured faster than the loop (batched_by_default)
+    batched_on_cpu = False
 
-    def __init__(self, num_samples: int = 32, n_data_factor: float = 1.0, eval_seed: int = 1):
+    def __init__(self, num_samples: int = 32, n_data_factor: float = 1.0, eval_seed: int = 1,
+                 batched_parts: str | bool = "auto"):
+        if isinstance(batched_parts, str) and batched_parts.lower() in ("true", "false"):
+            batched_parts = batched_parts.lower() == "true"
+        if batched_parts not in BATCHED_PARTS:
+            raise ValueError(f"method.batched_parts must be auto, true or false, got {batched_parts!r}")
         if int(num_samples) < 0:
             raise ValueError(f"method.num_samples must be >= 0 (0 = predict with the mean), got {num_samples}")
         if n_data_factor <= 0:
@@ -45,6 +70,9 @@ class DiagonalGaussianMethod(Method):
         self.n_data_factor = float(n_data_factor)
         self.eval_seed = int(eval_seed)
         self.generator: torch.Generator | None = None
+        self.batched_parts = batched_parts
+        self._noise_buffer: torch.Tensor | None = None
+        self._told: set[str] = set()
 
     # ---------------------------------------------------------------- update
     def apply_update(self, params, grads, curvature, backprop) -> None:
@@ -72,6 +100,67 @@ class DiagonalGaussianMethod(Method):
         if self.generator is None:
             self.generator = torch.Generator(device=ctx.device).manual_seed(
                 ctx.seed * 1_000_003 + 4_242 + 7_919 * ctx.rank)
+        self.check_batched()  # what the model and the processes decide: before the first step
+
+    # ---------------------------------------------------------------- the m parts of a step
+    def batched_refusal(self, precision_fp16: bool = False) -> str | None:
+        """Why the parts cannot run batched here (one line), or None. Subclasses add their own reasons."""
+        module = self.module
+        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()):
+            return "BatchNorm (batched running statistics are not implemented)"
+        if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in module.modules()):
+            return "active dropout (vmap would draw other masks than the loop)"
+        if self.ctx.world_size > 1:
+            return "DDP (the parts run per process in the loop)"
+        if precision_fp16:
+            return "fp16 (the loss scaling is not threaded through)"
+        return None
+
+    def check_batched(self, precision_fp16: bool = False) -> None:
+        """``batched_parts=true`` where it cannot run: a one-line ValueError (setup, and the first step for fp16)."""
+        if self.batched_parts is True:
+            why = self.batched_refusal(precision_fp16)
+            if why is not None:
+                raise ValueError(f"method.batched_parts=true: {why}; use method.batched_parts=false or auto")
+
+    def use_batched(self, batch, parts: int, backprop) -> bool:
+        """Whether this step's ``parts`` run batched: ``batched_parts`` (auto: :func:`batched_by_default`), where
+        possible; a batch that ``parts`` does not divide (the short last one) takes the loop, its exact step."""
+        if parts <= 1 or batch_size(batch) % parts:
+            return False
+        want = (batched_by_default(self.ctx.device, self.batched_on_cpu) if self.batched_parts == "auto"
+                else self.batched_parts)
+        if not want:
+            return False
+        self.check_batched(backprop.scaler is not None)
+        why = self.batched_refusal(backprop.scaler is not None)
+        if why is not None:
+            self.note_once(f"method={self.name}: the m parts run one after another (batched_parts=auto): {why}")
+            return False
+        return True
+
+    def note_once(self, line: str) -> None:
+        """``line`` in the run's train.log (and stderr), once per run."""
+        if line not in self._told:
+            self._told.add(line)
+            runlog.note(line)
+
+    def noise_parts(self, parts: int, params: list[torch.Tensor]) -> torch.Tensor:
+        """[parts, P] posterior noise std * n for this step's parts (``PrecisionOptimizer.sample_noise_parts``: one
+        draw over all of ``params``) in a buffer allocated once (a captured graph needs fixed addresses)."""
+        shape = (parts, sum(p.numel() for p in params))
+        buf, like = self._noise_buffer, params[0]
+        if buf is None or buf.shape != shape or buf.dtype != like.dtype or buf.device != like.device:
+            buf = self._noise_buffer = torch.empty(shape, dtype=like.dtype, device=like.device)
+        return self.optimizer.sample_noise_parts(self.generator, buf)
+
+    def parts_forward(self, names: list[str], weights: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """Logits of every part at its own weights (flatbnn/flatness/batched.py: ``parts_forward``)."""
+        return parts_forward(self.module, names, weights, x)
+
+    def parts_losses(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """[parts] mean loss of each part, as the loop's per-part loss (flatbnn/flatness/batched.py)."""
+        return parts_losses(logits, y, self.ctx.criterion, self.ctx.label_smoothing)
 
     @torch.no_grad()
     def _assign(self, params, values) -> None:
@@ -114,6 +203,7 @@ class DiagonalGaussianMethod(Method):
 
     def describe(self) -> dict:
         out = {"name": self.name, "num_samples": self.num_samples, "n_data_factor": self.n_data_factor,
+               "batched_parts": self.batched_parts,
                "predictive": "mean weights" if self.num_samples == 0 else
                f"average of softmax over {self.num_samples} samples w + std * n (eval seed {self.eval_seed})",
                "optimizer_group": "ignored (the method's own optimiser)"}

@@ -65,6 +65,9 @@ class BSAMOptimizer(PrecisionOptimizer):
     def posterior_precision(self, s, group):
         return s  # noise and predictive: N(w, 1 / (N s))
 
+    def posterior_precisions(self, ss, group):
+        return list(ss)
+
     # ---------------------------------------------------------------- the update (after the momentum)
     def _update(self, params, ms, ss, hs, group, delta) -> None:
         self._descend(params, ms, ss, group["lr"])  # old s

@@ -46,6 +46,9 @@ class VOGNOptimizer(PrecisionOptimizer):
     def posterior_precision(self, s, group):
         return s + self.delta(group)  # sigma^2 = 1 / (N (s + delta))
 
+    def posterior_precisions(self, ss, group):
+        return torch._foreach_add(list(ss), self.delta(group))
+
     def _update(self, params, ms, ss, hs, group, delta) -> None:
         """``p.grad`` = g_hat (mean per-example gradient); ``hs`` = h_hat (mean of g_i^2)."""
         torch._foreach_mul_(ss, group["betas"][1])

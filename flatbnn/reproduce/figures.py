@@ -288,8 +288,10 @@ def draw_delta_grid(row: Row, scale: str, out: Path, spec: dict, archive_root: P
     for i, facet in enumerate(facets):
         for j, metric in enumerate(metrics):
             ax, grid = axes[i][j], data[facet].get(metric, {})
-            deltas = [abs(c["delta"]) for r in grid.values() for c in r.values()]
-            scale_ = max(deltas) if deltas and max(deltas) > 0 else 1.0
+            # colour saturates at the panel's 90th-percentile |change| (one outlier does not wash out the rest)
+            deltas = sorted(abs(c["delta"]) for r in grid.values() for c in r.values())
+            scale_ = deltas[int(0.9 * (len(deltas) - 1))] if deltas else 0.0
+            scale_ = scale_ if scale_ > 0 else (deltas[-1] if deltas and deltas[-1] > 0 else 1.0)
             ax.set_xlim(0, len(cols))
             ax.set_ylim(len(rows_), 0)
             for y, rv in enumerate(rows_):
@@ -297,7 +299,7 @@ def draw_delta_grid(row: Row, scale: str, out: Path, spec: dict, archive_root: P
                     cell = grid.get(rv, {}).get(cv)
                     if cell is None:  # the pair is not run (own perturbation) or has no seeds yet
                         continue
-                    signed = abs(cell["delta"]) / scale_ * (1 if cell["better"] else -1)
+                    signed = min(abs(cell["delta"]) / scale_, 1.0) * (1 if cell["better"] else -1)
                     colour = plt.get_cmap("RdYlGn")(0.5 + 0.45 * signed)
                     ax.add_patch(Rectangle((x, y), 1, 1, facecolor=colour, edgecolor="white", linewidth=0.5))
                     if cell["beyond"]:

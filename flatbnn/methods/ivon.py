@@ -23,7 +23,8 @@ decides where "the gradient at the sampled weights" is taken, and IVON uses that
 
 Every sample sees the whole batch (the reference's ``mc_samples``); the flatness variant's ``m`` splits it within a
 sample, the noise held fixed across the parts. Under DDP every pass runs without gradient sync and g_bar, the
-noise-times-gradient average are all-reduced once: each rank's noise is one more sample of the same estimator.
+noise-times-gradient average are all-reduced once: each rank's noise is one more sample of the same estimator (so
+a SAM-family ascent is per rank there: ``flatness.sync_ascent`` has no effect on IVON).
 BatchNorm running statistics are updated by every sample's pass (as the reference's training loop does; the
 flatness variant's ``bn_stats`` decides for its second pass). The loss is the mean of the K first-pass losses.
 fp16 is refused (a GradScaler overflow would enter h through g * noise); fp32 and bf16 work.

@@ -4,6 +4,7 @@
     python evaluate.py run=outputs/2026-01-01/12-00-00-000000 method.num_samples=8
     python evaluate.py run=RUN metrics.ece_bins=20 eval.name=ece20
     python evaluate.py run=RUN dataset.shift_root=/data/CIFAR-10-C trainer.device=cpu
+    python evaluate.py run=MAP_RUN method=laplace method.hessian_structure=diag   (a Laplace on a MAP / SAM run)
 
 Loads the run's resolved config (``RUN/.hydra/config.yaml``), applies the overrides -- evaluation-side
 keys only (the predict and runtime roles declared in ``flatbnn/keyroles.py``: the predictive-only keys the run's
@@ -12,8 +13,9 @@ paths, eval batch size, device); a key that shapes the trained weights (``optimi
 ``seed``, ``trainer.epochs``, ...) is refused -- rebuilds data, model and method with train.py's builder
 (``flatbnn.engine.build.build``), restores the method from ``RUN/checkpoints/last.pt`` (which must be the
 final one) and writes ``RUN/eval/<name>/results.json``: train.py's structure plus ``meta.evaluated_from``
-(run, checkpoint, overrides). ``<name>`` is ``eval.name=...``, else a short hash of the overrides
-(``default`` without any). The run's own results.json is never touched. With no overrides the metrics
+(run, checkpoint, overrides). ``method=<option>`` evaluates the weights with a post-hoc method trained exactly as
+the run was (``method=laplace`` on a MAP run of any optimiser and flatness: ``Method.trains_like``). ``<name>`` is
+``eval.name=...``, else a short hash of the overrides (``default`` without any). The run's own results.json is never touched. With no overrides the metrics
 equal the run's.
 Errors are one line, exit status 2.
 """
@@ -91,6 +93,11 @@ def apply_overrides(cfg, args: list[str]) -> list[str]:
         overrides = OverridesParser.create().parse_overrides(args)
     except HydraException as e:
         raise EvalError(" ".join(str(e).split())) from None
+    applied = []
+    switch = [o for o in overrides if o.key_or_group == "method"]
+    if switch:  # method=<option>: a post-hoc method on the run's trained weights (method=laplace on a MAP run)
+        applied.append(switch_method(cfg, switch[-1]))
+        overrides = [o for o in overrides if o.key_or_group != "method"]
     # method.* keys are the run's method class's (flatbnn/keyroles.py): one key may be a prediction key of one
     # method and a training key of another (method.prior_precision)
     method = OmegaConf.select(cfg, "method._target_", default=None)
@@ -100,7 +107,6 @@ def apply_overrides(cfg, args: list[str]) -> list[str]:
         except Exception as e:  # the run's class is gone (renamed, uninstalled): it could not be rebuilt either
             raise EvalError(f"method._target_={method}: the run's method class cannot be imported "
                             f"({' '.join(str(e).split())[:200]})") from None
-    applied = []
     for o in overrides:
         key = o.key_or_group
         if o.package:
@@ -132,6 +138,33 @@ def apply_overrides(cfg, args: list[str]) -> list[str]:
         OmegaConf.update(cfg, key, value, merge=True, force_add=o.type != OverrideType.CHANGE)
         applied.append(o.input_line)
     return applied
+
+
+def switch_method(cfg, override) -> str:
+    """``method=<option>``: evaluate the run's trained weights with another method whose training is the run's
+    (its class's ``trains_like``: ``method=laplace`` on a ``method=map`` run, with any optimiser and flatness --
+    SGD, Adam, SAM, FSAM). ``cfg.method`` becomes that option's config (its keys as shipped; ``method.<key>=``
+    overrides after it are that class's). Anything else is refused in one line."""
+    from omegaconf import OmegaConf
+
+    from flatbnn.resources import group_options
+
+    option = override.value()
+    options = group_options("method")
+    node = options.get(option) if isinstance(option, str) else None
+    if not isinstance(node, dict) or not node.get("_target_"):
+        raise EvalError(f"{override.input_line}: not a method option with a class of its own (configs/method/)")
+    try:
+        new, run = keyroles.method_class(node["_target_"]), keyroles.method_class(cfg.method._target_)
+    except Exception as e:  # noqa: BLE001 -- a class that cannot be imported: one line
+        raise EvalError(f"{override.input_line}: {' '.join(str(e).split())[:200]}") from None
+    if new is not run and new.trains_like is not run:
+        raise EvalError(f"{override.input_line}: {command()} can switch a run only to a method trained exactly as "
+                        f"it was ({new.__name__} trains like {getattr(new.trains_like, '__name__', 'no other method')}"
+                        f", the run is {run.__name__}); train a new run with {override.input_line}")
+    if new is not run:
+        cfg.method = OmegaConf.create(node)
+    return override.input_line
 
 
 def eval_name(applied: list[str]) -> str:

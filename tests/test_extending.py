@@ -108,7 +108,7 @@ def test_analyze_asks_the_method_class_whether_it_samples_weights(monkeypatch):
 
     class Run:
         path, method = Path("run"), HWA()   # a subclass of SGVB: its noise is drawn in the forward pass too
-    with pytest.raises(SystemExit, match=r"methods that sample them: bsam, deep_ens, map, rsam, sgld, swag, vogn, "
+    with pytest.raises(SystemExit, match=r"methods that sample them: bsam, deep_ens, ivon, map, rsam, sgld, swag, vogn, "
                                          r"vsam\)$"):
         next(analyze.sampled_models(Run, 2))
     assert not SGVB.samples_weights

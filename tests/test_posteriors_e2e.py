@@ -58,6 +58,8 @@ def test_swag_composes_with_any_flatness_variant(flatness, tmp_path):
     ("hwa", ["method.covariance=lowrank", "method.num_samples=3"]),
     ("vsam", ["method.num_samples=3"]),
     ("mfvi", ["method.num_samples=3"]),
+    # IVON's mean, momentum, Hessian estimate and device step count; its noise from the run's generator, under SAM
+    ("ivon", ["flatness=sam", "method.mc_samples=2", "method.num_samples=3"]),
 ])
 def test_killed_posterior_run_resumes_to_identical_result(method, extra, tmp_path):
     """Collected moments / kept samples / finished members / variational state live in the checkpoint."""

@@ -115,11 +115,13 @@ def _class(target: str) -> type:
 def flatness_partner(flat_cls: type, method_classes: dict[str, type]) -> str:
     """The method a flatness variant is paired with: ``map``, or -- for a variant that needs a per-weight scaling
     from its method (``Flatness.needs_scaling``: geometry) -- the most basic method class offering one
-    (``flatness_scaling``; SGVB before its subclass HWA)."""
+    (``flatness_scaling``; SGVB before its subclass HWA), ``sgvb`` where it is one (the geometry of flat_seeking_bnn,
+    whose benchmark rows are kept; IVON offers one too)."""
     if not getattr(flat_cls, "needs_scaling", False):
         return "map"
     able = {n: c for n, c in method_classes.items() if callable(getattr(c, "flatness_scaling", None))}
-    return next(n for n, c in able.items() if not any(o is not c and issubclass(c, o) for o in able.values()))
+    roots = [n for n, c in able.items() if not any(o is not c and issubclass(c, o) for o in able.values())]
+    return "sgvb" if "sgvb" in roots else roots[0]
 
 
 def default_pairs(configs_dir: Path | None = None) -> list[str]:

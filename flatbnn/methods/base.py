@@ -66,6 +66,9 @@ class Method:
     #: False for methods whose step keeps host-side state (counters, sample collection, member swaps): with
     #: ``trainer.cuda_graph=true`` their steps run eagerly (flatbnn/engine/graphed.py), with a one-line reason
     capturable = True
+    #: the method class whose training this one repeats step for step (Laplace: MAP, then a post-hoc fit), or None:
+    #: ``evaluate.py`` may evaluate a finished run of that class as this method (``method=laplace``)
+    trains_like: type | None = None
 
     def __init__(self, num_samples: int = 1):
         self.num_samples = int(num_samples)

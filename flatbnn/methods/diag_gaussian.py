@@ -1,5 +1,5 @@
 """Shared base of the methods whose diagonal Gaussian posterior lives in their own optimiser state
-(``method=bsam``, ``method=vogn``): q(w) = N(w, diag(std^2)) with std from the optimiser.
+(``method=bsam``, ``method=vogn``, ``method=ivon``): q(w) = N(w, diag(std^2)) with std from the optimiser.
 
 What the base does:
 
@@ -7,7 +7,8 @@ What the base does:
   (which such a run ignores); the ``scheduler`` group still multiplies its lr (``lr_factor``);
 * refuses any ``flatness`` other than ``none`` -- the method perturbs the weights itself
   (``own_perturbation``; one-line ValueError from ``Flatness.setup``, and from ``train_step`` for
-  direct API use);
+  direct API use); IVON sets ``own_perturbation = False``: its sampled weights are where a flatness
+  variant starts;
 * training noise comes from the engine's per-rank generator (``ctx.generator``, checkpointed per
   rank by the engine), or an own generator when none is given; its state is also kept in
   ``state_dict`` so a state round trip alone resumes exactly;

@@ -77,7 +77,10 @@ def to_markdown(c: dict) -> str:
     if c["provenance"] == "author_readme":
         lines += ["", "> The paper's own table numbers were lost in our copy of the text: the numbers below are the "
                       "authors' README rows (REFERENCE.md), not the paper's table."]
-    if not c["available"]:
+    if c["provenance"] == "ours":
+        lines += ["", "> Our own benchmark, not a paper's table: there are no paper numbers; our cells are listed and "
+                      "their pairs tested against each other below."]
+    elif not c["available"]:
         lines += ["", "> This table's numbers are not in our copy of the paper (see the paper file's notes): nothing "
                       "to compare with" + ("; our cells are listed and ranked against each other below."
                                            if c.get("ours_only") and c["table"] else ".")]
@@ -324,8 +327,9 @@ def _cells_markdown(table: list[dict], title: str, intro: str) -> list[str]:
 def _ours_only_markdown(c: dict) -> list[str]:
     """A table whose paper numbers are lost: our cells x metrics, and the spec's pairs ranked within our runs."""
     units = {r["metric"]: r["unit"] for r in c["table"]}
-    lines = _cells_markdown(c["table"], "Our cells", "The paper's numbers for this table are lost (see the paper "
-                            "file): there is no paper column, and our cells can only be ranked against each other.")
+    lines = _cells_markdown(c["table"], "Our cells", "Our own row: no paper reports these cells." if c["provenance"]
+                            == "ours" else "The paper's numbers for this table are lost (see the paper file): there "
+                            "is no paper column, and our cells can only be ranked against each other.")
     if c["direction"]:
         lines += ["", "## Pairs within our runs (no paper numbers to agree with)", ""]
         if any(d.get("undecided") for d in c["direction"]):

@@ -1,6 +1,6 @@
 """Figures a row's comparison draws from its own runs (spec ``compare.figures``; docs/reproduce.md).
 
-Two kinds, each one PNG written into the row's output folder (``write_comparison`` copies every PNG there beside
+Three kinds, each one PNG written into the row's output folder (``write_comparison`` copies every PNG there beside
 the Markdown):
 
 * ``curves`` -- per-epoch curves from each run's ``metrics.jsonl``: one panel per (value of the ``rows`` axis x
@@ -10,6 +10,13 @@ the Markdown):
 * ``sweep`` -- a final metric (``results.json`` ``metrics``) against the numeric value of the ``x`` axis (its
   labels' number: ``rho0.05`` -> 0.05), one line per value of the ``lines`` axis, mean +- std over seeds, one
   panel per metric (bSAM Fig. 4).
+* ``delta_grid`` -- a heat map per (value of the ``facets`` axis x metric): the ``rows`` axis (posteriors) against
+  the ``cols`` axis (flatness variants) but its ``base`` value, each cell the mean over seeds of the cell's final
+  metric minus the base cell's of the same row (paired by seed), coloured by whether that is better (green) or worse
+  (red) for the metric (``results/paper/<row>.yaml`` ``metrics.<m>.better``; lower is better for nll / ece / brier
+  otherwise), and outlined where it is beyond seed noise: the comparison's test (``reproduce/stats.py``: paired t
+  over the seeds both cells have, else Welch; two-sided 5 %). A pair the row does not run is left blank (issue 53's
+  posterior x flatness grid). Its numbers are also written as ``<name>.json``.
 
 The paper's reading (``results/paper/<row>.yaml`` ``figure.claim``) is printed under the panels, so our curves and
 the paper's words sit in one image.
@@ -26,7 +33,7 @@ from pathlib import Path
 
 from flatbnn.reproduce.spec import Row, SpecError
 
-KINDS = ("curves", "sweep")
+KINDS = ("curves", "sweep", "delta_grid")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
@@ -123,23 +130,23 @@ def sweep_data(row: Row, scale: str, out: Path, spec: dict, archive_root: Path |
     return data
 
 
-def _finish(fig, row: Row, scale: str, path: Path) -> Path:
+def _finish(fig, row: Row, scale: str, path: Path, caption: str | None = None) -> Path:
     """Lay out, caption with the paper's reading, write atomically, close."""
     import matplotlib.pyplot as plt
 
     from flatbnn.metrics.reliability import save_png
 
     fig.tight_layout()
-    _caption(fig, row, scale)
+    _caption(fig, row, scale, caption)
     save_png(fig, path, dpi=110)
     plt.close(fig)
     return path
 
 
-def _caption(fig, row: Row, scale: str) -> None:
+def _caption(fig, row: Row, scale: str, text: str | None = None) -> None:
     pd = row.paper_data() or {}
     claim = (pd.get("figure") or {}).get("claim")
-    text = f"{row.row} ({scale} scale): mean +- 1 std over seeds."
+    text = text or f"{row.row} ({scale} scale): mean +- 1 std over seeds."
     if claim:
         text += f"  The paper's reading: {claim}"
     fig.text(0.01, -0.02, "\n".join(textwrap.wrap(text, 160)), ha="left", va="top", fontsize=7)
@@ -211,6 +218,110 @@ def draw_sweep(row: Row, scale: str, out: Path, spec: dict, archive_root: Path |
     return _finish(fig, row, scale, Path(out) / f"{spec.get('name', row.row + '_sweep')}.png")
 
 
+LOWER_IS_BETTER = ("nll", "ece", "brier", "fpr95")
+
+
+def _metric_value(metrics: dict, metric: str, results_key: str | None):
+    """A final metric from results.json's ``metrics`` (a dotted ``results_key`` such as ``ood.mnist.auroc_ood``)."""
+    node = metrics
+    for part in (results_key or metric).split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def delta_grid_data(row: Row, scale: str, out: Path, spec: dict, archive_root: Path | None = None) -> dict:
+    """{facet: {metric: {row value: {col value: cell}}}}, cell = {"delta": mean_seeds(cell - base) or None, "n",
+    "test": name, "p", "beyond": bool, "better": bool | None, "cell": mean, "base": mean} for every col but the base
+    (paired by seed where the seeds overlap: stats.seed_difference_test)."""
+    from flatbnn.reproduce.stats import NOISE_ALPHA, seed_difference_test, seed_stats
+
+    facet_axis, row_axis, col_axis, base = spec.get("facets"), spec["rows"], spec["cols"], spec["base"]
+    paper_metrics = (row.paper_data() or {}).get("metrics") or {}
+    values = {}  # (facet, row value, col value, metric) -> {seed: value}
+    for axes, seed, rd in _runs(row, scale, out, archive_root):
+        res = rd / "results.json"
+        if not res.exists():
+            continue
+        metrics = json.loads(res.read_text()).get("metrics", {})
+        facet = axes.get(facet_axis, "") if facet_axis else ""
+        for metric in spec["metrics"]:
+            v = _metric_value(metrics, metric, (paper_metrics.get(metric) or {}).get("results_key"))
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                values.setdefault((facet, axes[row_axis], axes[col_axis], metric), {})[seed] = float(v)
+    data = {}
+    for (facet, rv, cv, metric), by_seed in values.items():
+        if cv == base or (facet, rv, base, metric) not in values:
+            continue
+        base_by_seed = values[(facet, rv, base, metric)]
+        x, y = seed_stats(list(by_seed.values())), seed_stats(list(base_by_seed.values()))
+        common = sorted(set(by_seed) & set(base_by_seed))
+        test = seed_difference_test(by_seed, base_by_seed, x, y)
+        delta = (statistics.fmean(by_seed[k] - base_by_seed[k] for k in common) if common
+                 else x.mean - y.mean)
+        better_dir = (paper_metrics.get(metric) or {}).get("better")
+        lower = better_dir == "lower" if better_dir else metric in LOWER_IS_BETTER
+        data.setdefault(facet, {}).setdefault(metric, {}).setdefault(rv, {})[cv] = {
+            "delta": delta, "cell": x.mean, "base": y.mean, "n": test.n if test else str(len(common)),
+            "test": test.name if test else None, "p": test.result.p if test else None,
+            "beyond": bool(test and test.result.beyond(NOISE_ALPHA)),
+            "better": None if delta == 0 else (delta < 0) == lower}
+    return data
+
+
+def draw_delta_grid(row: Row, scale: str, out: Path, spec: dict, archive_root: Path | None = None) -> Path | None:
+    data = delta_grid_data(row, scale, out, spec, archive_root)
+    if not data:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    from flatbnn.engine.checkpoint import write_json
+
+    facets = [v for v in (row.values.get(spec["facets"], {}) if spec.get("facets") else [""]) if v in data]
+    metrics = [m for m in spec["metrics"] if any(m in data[f] for f in facets)]
+    rows_ = [r for r in row.values[spec["rows"]] if any(r in data[f].get(m, {}) for f in facets for m in metrics)]
+    cols = [c for c in row.values[spec["cols"]] if c != spec["base"]]
+    fig, axes = plt.subplots(len(facets), len(metrics), squeeze=False,
+                             figsize=((1.1 * len(cols) + 1.8) * len(metrics), (0.32 * len(rows_) + 1.3) * len(facets)))
+    for i, facet in enumerate(facets):
+        for j, metric in enumerate(metrics):
+            ax, grid = axes[i][j], data[facet].get(metric, {})
+            # colour saturates at the panel's 90th-percentile |change| (one outlier does not wash out the rest)
+            deltas = sorted(abs(c["delta"]) for r in grid.values() for c in r.values())
+            scale_ = deltas[int(0.9 * (len(deltas) - 1))] if deltas else 0.0
+            scale_ = scale_ if scale_ > 0 else (deltas[-1] if deltas and deltas[-1] > 0 else 1.0)
+            ax.set_xlim(0, len(cols))
+            ax.set_ylim(len(rows_), 0)
+            for y, rv in enumerate(rows_):
+                for x, cv in enumerate(cols):
+                    cell = grid.get(rv, {}).get(cv)
+                    if cell is None:  # the pair is not run (own perturbation) or has no seeds yet
+                        continue
+                    signed = min(abs(cell["delta"]) / scale_, 1.0) * (1 if cell["better"] else -1)
+                    colour = plt.get_cmap("RdYlGn")(0.5 + 0.45 * signed)
+                    ax.add_patch(Rectangle((x, y), 1, 1, facecolor=colour, edgecolor="white", linewidth=0.5))
+                    if cell["beyond"]:
+                        ax.add_patch(Rectangle((x + 0.04, y + 0.06), 0.92, 0.88, fill=False, edgecolor="black",
+                                               linewidth=1.6))
+                    ax.text(x + 0.5, y + 0.5, f"{cell['delta']:+.3g}" + ("*" if cell["beyond"] else ""),
+                            ha="center", va="center", fontsize=6.5,
+                            fontweight="bold" if cell["beyond"] else "normal")
+            ax.set_xticks([k + 0.5 for k in range(len(cols))], cols, fontsize=8)
+            ax.set_yticks([k + 0.5 for k in range(len(rows_))], rows_ if j == 0 else [], fontsize=8)
+            ax.tick_params(length=0)
+            title = f"{facet}: " if facet else ""
+            ax.set_title(f"{title}change in {metric} vs {spec['cols']}={spec['base']}", fontsize=8)
+    caption = (f"{row.row} ({scale} scale): mean over seeds of (cell - the {spec['cols']}={spec['base']} cell of "
+               f"its row), paired by seed; green = better, red = worse for the metric; outlined and * = beyond seed "
+               f"noise (two-sided t-test at 5 %); blank = not run.")
+    path = _finish(fig, row, scale, Path(out) / f"{spec.get('name', row.row + '_delta_grid')}.png", caption)
+    write_json(path.with_suffix(".json"), {"spec": spec, "scale": scale, "grid": data,
+                                           "rule": "paired t over common seeds (else Welch), two-sided 5 %"})
+    return path
+
+
 def draw_figures(row: Row, scale: str, out: Path, archive_root: Path | None = None) -> list[Path]:
     """Every figure of ``row.compare.figures`` from the runs under ``out`` (a figure without data is skipped)."""
     paths = []
@@ -218,7 +329,7 @@ def draw_figures(row: Row, scale: str, out: Path, archive_root: Path | None = No
         kind = spec.get("kind")
         if kind not in KINDS:
             raise SpecError(f"{row.row}: compare.figures kind must be one of {KINDS}, got {kind!r}")
-        draw = draw_curves if kind == "curves" else draw_sweep
+        draw = {"curves": draw_curves, "sweep": draw_sweep, "delta_grid": draw_delta_grid}[kind]
         path = draw(row, scale, Path(out), spec, archive_root=archive_root)
         if path is not None:
             paths.append(path)

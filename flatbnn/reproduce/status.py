@@ -134,6 +134,8 @@ def _paper_state(row) -> str:
         d = load_paper_data(p)
     except SpecError as e:
         return f"**invalid**: {e}"
+    if d.get("provenance") == "ours":
+        return f"our own row (no paper) [{row.row}.yaml](paper/{row.row}.yaml)"
     if d.get("available") is False:
         return "not in our copy"
     n = len(d.get("cells") or [])

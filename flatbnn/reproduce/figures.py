@@ -12,7 +12,7 @@ the Markdown):
   panel per metric (bSAM Fig. 4).
 * ``delta_grid`` -- a heat map per (value of the ``facets`` axis x metric): the ``rows`` axis (posteriors) against
   the ``cols`` axis (flatness variants) but its ``base`` value, each cell the mean over seeds of the cell's final
-  metric minus the base cell's of the same row (paired by seed), coloured by whether that is better (green) or worse
+  metric minus the base cell's of the same row (the row's seed test), coloured by whether that is better (green) or worse
   (red) for the metric (``results/paper/<row>.yaml`` ``metrics.<m>.better``; lower is better for nll / ece / brier
   otherwise), and outlined where it is beyond seed noise: the comparison's test (``reproduce/stats.py``: paired t
   over the seeds both cells have, else Welch; two-sided 5 %). A pair the row does not run is left blank (issue 53's
@@ -231,9 +231,13 @@ def _metric_value(metrics: dict, metric: str, results_key: str | None):
 
 def delta_grid_data(row: Row, scale: str, out: Path, spec: dict, archive_root: Path | None = None) -> dict:
     """{facet: {metric: {row value: {col value: cell}}}}, cell = {"delta": mean_seeds(cell - base) or None, "n",
-    "test": name, "p", "beyond": bool, "better": bool | None, "cell": mean, "base": mean} for every col but the base
-    (paired by seed where the seeds overlap: stats.seed_difference_test)."""
+    "test": name, "p", "beyond": bool, "better": bool | None, "cell": mean, "base": mean} for every col but the base,
+    by the row's declared seed test (``Row.seed_test``: Welch for separately trained cells, paired only where they
+    share a trained run) and the claims' zero-spread floor (stats.seed_difference_test)."""
+    from flatbnn.reproduce.claims import resolution
     from flatbnn.reproduce.stats import NOISE_ALPHA, seed_difference_test, seed_stats
+
+    paired = row.seed_test()[0] == "paired"
 
     facet_axis, row_axis, col_axis, base = spec.get("facets"), spec["rows"], spec["cols"], spec["base"]
     paper_metrics = (row.paper_data() or {}).get("metrics") or {}
@@ -255,8 +259,9 @@ def delta_grid_data(row: Row, scale: str, out: Path, spec: dict, archive_root: P
         base_by_seed = values[(facet, rv, base, metric)]
         x, y = seed_stats(list(by_seed.values())), seed_stats(list(base_by_seed.values()))
         common = sorted(set(by_seed) & set(base_by_seed))
-        test = seed_difference_test(by_seed, base_by_seed, x, y)
-        delta = (statistics.fmean(by_seed[k] - base_by_seed[k] for k in common) if common
+        test = seed_difference_test(by_seed, base_by_seed, x, y, paired=paired,
+                                    resolution=resolution(paper_metrics.get(metric)))
+        delta = (statistics.fmean(by_seed[k] - base_by_seed[k] for k in common) if paired and common
                  else x.mean - y.mean)
         better_dir = (paper_metrics.get(metric) or {}).get("better")
         lower = better_dir == "lower" if better_dir else metric in LOWER_IS_BETTER
@@ -313,12 +318,14 @@ def draw_delta_grid(row: Row, scale: str, out: Path, spec: dict, archive_root: P
             ax.tick_params(length=0)
             title = f"{facet}: " if facet else ""
             ax.set_title(f"{title}change in {metric} vs {spec['cols']}={spec['base']}", fontsize=8)
-    caption = (f"{row.row} ({scale} scale): mean over seeds of (cell - the {spec['cols']}={spec['base']} cell of "
-               f"its row), paired by seed; green = better, red = worse for the metric; outlined and * = beyond seed "
-               f"noise (two-sided t-test at 5 %); blank = not run.")
+    test_name = "paired t over common seeds" if row.seed_test()[0] == "paired" else "Welch t"
+    caption = (f"{row.row} ({scale} scale): mean over seeds of the cell minus the {spec['cols']}={spec['base']} "
+               f"cell of its row; green = better, red = worse for the metric; outlined and * = beyond seed noise "
+               f"({test_name}, two-sided 5 %, one comparison: the claims on the page adjust for the family); "
+               f"blank = not run.")
     path = _finish(fig, row, scale, Path(out) / f"{spec.get('name', row.row + '_delta_grid')}.png", caption)
     write_json(path.with_suffix(".json"), {"spec": spec, "scale": scale, "grid": data,
-                                           "rule": "paired t over common seeds (else Welch), two-sided 5 %"})
+                                           "rule": f"{test_name}, two-sided 5 %, unadjusted"})
     return path
 
 

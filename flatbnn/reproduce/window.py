@@ -43,7 +43,7 @@ OUT_FILES = {                 # name in $OUT -> what it holds (make gpu-restore 
     "window.json": "the summary: timeline, chosen processes and paths, the campaign's result, these files' sizes",
 }
 JOBLOG_HEAD = 16 * 1024     # the start-up lines (data, network, device, the step's capture) ...
-JOBLOG_TAIL = 48 * 1024     # ... and the end (progress bars fill the middle)
+JOBLOG_TAIL = 48 * 1024     # ... and the end (one line per epoch fills the middle)
 DRY_SELFCHECK_S = 300.0      # the dry run's self-check: its cap (CI's CPU takes ~30 s, a loaded 2-core box minutes)
 DRY_CAMPAIGN_S = 120.0       # the dry run's campaign: a few tiny jobs (CI minutes; on a CPU a job that cannot finish
 #                               in what is left is not started, so the resume path has its own test)

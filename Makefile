@@ -177,20 +177,20 @@ WINDOW_OUT ?= outputs/gpu-window-dry
 FROM       ?= $(WINDOW_OUT)
 .PHONY: gpu-window gpu-window-prepare gpu-restore
 gpu-window-prepare: setup
-	$(PY) -m flatbnn.bench.window_host prepare --minutes $(or $(MINUTES),9.5) $(if $(ROWS),--rows $(ROWS)) \
+	$(PY) -m flatbnn.reproduce.window_host prepare --minutes $(or $(MINUTES),9.5) $(if $(ROWS),--rows $(ROWS)) \
 		--cifar10 $(CIFAR10) --mnist-root $(MNIST_ROOT) --wheels $(WHEELS) --data $(WINDOW_DATA) --print \
 		$(if $(SELFCHECK),--selfcheck-from $(SELFCHECK))
 
 ifeq ($(DRY),1)
 gpu-window: setup
 	rm -rf $(WINDOW_OUT)
-	$(PY) -m flatbnn.bench.window --dry-run --minutes $(or $(MINUTES),2.5) --out $(WINDOW_OUT) $(if $(ROWS),--rows $(ROWS))
+	$(PY) -m flatbnn.reproduce.window --dry-run --minutes $(or $(MINUTES),2.5) --out $(WINDOW_OUT) $(if $(ROWS),--rows $(ROWS))
 else ifeq ($(PRINT),1)
 gpu-window: gpu-window-prepare
 else
 gpu-window:
-	python3 -m flatbnn.bench.window --minutes $(or $(MINUTES),9.5) --data-dir .device --out $(OUT) $(if $(ROWS),--rows $(ROWS))
+	python3 -m flatbnn.reproduce.window --minutes $(or $(MINUTES),9.5) --data-dir .device --out $(OUT) $(if $(ROWS),--rows $(ROWS))
 endif
 
 gpu-restore: setup
-	$(PY) -m flatbnn.bench.window_host restore $(FROM)
+	$(PY) -m flatbnn.reproduce.window_host restore $(FROM)

@@ -106,6 +106,7 @@ KEY_ROLES: dict[str, Role] = {
     "dataset.train_split": TRAIN,
     "dataset.val_split": TRAIN,
     "dataset.augment": TRAIN,
+    "dataset.normalize": TRAIN,              # MNIST / Fashion-MNIST: mean / std standardisation or [0, 1] pixels
     "dataset.seed": TRAIN,                   # augmentation stream; ${seed} by default (then aggregate drops it)
     "dataset.label_noise": TRAIN,
     "dataset.loader": TRAIN,                 # GPU augmentation: equal in distribution, not in values

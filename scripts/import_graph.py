@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """flatbnn's import graph, read from the source with ``ast`` (nothing is imported: no torch, well under a second).
 
-The one home of the layering (``LAYERS``) and of the two checks, no circles and no import running back up the
-layers; tests/test_import_graph.py asserts both on the checkout, and docs/ARCHITECTURE.md ("The import graph") shows
-this script's drawing. Module-level and function-local imports count alike: a lazy import is still a dependency,
-only a hidden one.
+The one home of the layering (``LAYERS``) and of the checks: no circles (between modules, and between the packages
+drawn) and no import running back up the layers; tests/test_import_graph.py asserts them on the checkout, and
+docs/ARCHITECTURE.md ("The import graph") shows this script's drawing. Module-level and function-local imports count
+alike: a lazy import is still a dependency, only a hidden one.
 
     python scripts/import_graph.py                    # text drawing of the checkout: packages, circles, upward imports
     python scripts/import_graph.py --sizes 10         # ... and the 10 biggest modules (lines)
@@ -41,7 +41,9 @@ END = "<!-- import-graph:end -->"
 #   schedules; methods: the posterior seam, composed from flatness and optim
 #   engine: build / train / checkpoint, method-agnostic; toys: small studies that drive engine.backprop;
 #   api: the public hooks; cli: the entry points' shared error lines and exit codes
-#   bench, reproduce: benchmarks, campaigns, aggregation above the engine
+#   bench: what a step costs and whether a step path is right (reference loops, the benchmark's rows, the
+#   self-check, CUDA MPS); reproduce: paper rows, campaigns, cost estimates, aggregation and the GPU window, which
+#   read bench's rows and self-check (bench below: the window once sat in bench and imported reproduce back)
 #   entry points: train.py, evaluate.py, torchrun, and reproduce/eval_job.py (one eval job, run as
 #   ``python -m flatbnn.reproduce.eval_job``: it calls evaluate.py's routine; nothing imports it), and tools: the
 #   commands a user runs (scripts/<name>.py call them; analyze uses evaluate's builder, aggregate reproduce's tables)
@@ -59,7 +61,8 @@ LAYERS: list[set[str]] = [
     {"toys"},
     {"api"},
     {"cli"},
-    {"bench", "reproduce"},
+    {"bench"},
+    {"reproduce"},
     {"train", "evaluate", "torchrun", "reproduce.eval_job", "tools"},
     {"console"},  # console-script targets: light at import, they call the entry points above
 ]
@@ -232,6 +235,14 @@ def circles(graph: Graph) -> list[Circle]:
     return found
 
 
+def node_circles(graph: Graph) -> list[list[str]]:
+    """The drawing's nodes (LAYERS entries) that import each other, directly or around: one sorted list of nodes per
+    knot. The module checks miss such a knot when two nodes of one layer import each other through different
+    modules: bench/window_host.py imported reproduce while reproduce/campaign.py imported bench/mps.py -- no circle
+    between modules, no import running back up, yet neither package could sit below the other."""
+    return [sorted(c) for c in _strong_components(package_edges(graph))]
+
+
 def layer_of(module: str) -> int | None:
     """The index in LAYERS of the most specific entry naming ``module`` (``reproduce.eval_job`` before
     ``reproduce``); ``len(LAYERS)`` for the top-level ``__init__``; None for a module no entry places."""
@@ -329,6 +340,9 @@ def _findings(graph: Graph) -> list[str]:
         else:
             lines.append(f"  {', '.join(source_path(m, graph) for m in c.modules)}: {len(paths)} cycles")
             lines += [f"    {p}" for p in paths]
+    knots = node_circles(graph)
+    lines.append(f"circles between the nodes drawn (packages importing each other): {len(knots)}")
+    lines += [f"  {' <-> '.join(k)}" for k in knots]
     lines.append(f"imports running back up: {len(up)}")
     lines += [f"  {source_path(a, graph)} -> {source_path(b, graph)}" for a, b in up]
     if lost:

@@ -82,6 +82,31 @@ def test_mnist_idx(data_roots, name):
     assert torch.equal(b2.test.images, b.test.images)
 
 
+@pytest.mark.parametrize("name", ["mnist", "fashion_mnist"])
+def test_mnist_normalize_false_feeds_pixels_in_0_1_as_the_bsam_code(data_roots, name):
+    """dataset.normalize=false: x = raw / 255 (the bSAM code's ToTensor() alone), for the training, test and OOD
+    sets; the default standardises with the set's mean / std."""
+    from flatbnn.data.mnist import SETS
+
+    mean, std = SETS[name][2][0], SETS[name][3][0]
+    other = "fashion_mnist" if name == "mnist" else "mnist"
+    kw = dict(root=str(data_roots[name]), ood=[other], ood_roots={other: str(data_roots[other])})
+    raw = build_dataset(name, normalize=False, **kw)
+    std_ = build_dataset(name, **kw)
+    pixels = raw.test.images[7].permute(2, 0, 1).float()  # uint8 [28, 28, 1]
+    assert torch.allclose(raw.test[7][0], pixels / 255, atol=1e-6)
+    assert torch.allclose(std_.test[7][0], (pixels / 255 - mean) / std, atol=1e-5)
+    assert torch.allclose(raw.train[3][0], raw.train.images[3].permute(2, 0, 1).float() / 255, atol=1e-6)
+    x = torch.stack([raw.train[i][0] for i in range(len(raw.train))])
+    assert x.min() >= 0 and x.max() <= 1 and x.max() > 0.5  # [0, 1], not standardised
+    assert raw.meta["mean"] == (0.0,) and raw.meta["std"] == (1.0,)
+    ood_pixels = raw.ood[other].images[2].permute(2, 0, 1).float()  # the OOD set takes the run's choice
+    assert torch.allclose(raw.ood[other][2][0], ood_pixels / 255, atol=1e-6)
+    assert torch.allclose(std_.ood[other][2][0], (ood_pixels / 255 - mean) / std, atol=1e-5)
+    with pytest.raises(ValueError, match="normalize must be true or false"):
+        build_dataset(name, root=str(data_roots[name]), normalize="no")
+
+
 def test_svhn_mat(data_roots):
     from flatbnn.data.svhn import MEAN, STD
 

@@ -263,6 +263,86 @@ def test_the_last_epoch_line_reaches_a_redirected_stdout_before_the_final_predic
     assert "flatbnn: done" in out.read_text()
 
 
+def test_progress_off_into_a_file_writes_one_line_per_epoch_as_it_goes(tmp_path):
+    """Issue 52 item 8: `python train.py dataset=digits model=mlp trainer.progress=false trainer.epochs=50 > log` printed
+    only the start and final lines. Now one line per epoch -- loss, accuracy, lr, img/s, the per-epoch evaluation --
+    each in the file while the run goes on (read here before the run ends; it is then stopped with SIGTERM), and no
+    carriage-return bar in either stream."""
+    import signal
+    import time
+
+    run, out, err = tmp_path / "run", tmp_path / "log", tmp_path / "err"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a user's shell: stdout block-buffered
+    env["OMP_NUM_THREADS"] = "1"
+    with open(out, "w") as f, open(err, "w") as e:
+        p = subprocess.Popen([sys.executable, str(REPO / "train.py"), "dataset=digits", "model=mlp",
+                              "trainer.progress=false", "trainer.epochs=1000", "trainer.checkpoint_every=0",
+                              f"hydra.run.dir={run}"], stdout=f, stderr=e, env=env, cwd=REPO)
+    try:
+        deadline, lines = time.monotonic() + 300, []
+        while len(lines) < 3 and p.poll() is None and time.monotonic() < deadline:
+            lines = [ln for ln in out.read_text().splitlines() if ln.startswith("epoch=")]
+            time.sleep(0.05)
+        running = p.poll() is None  # the lines came while the run trains on (1,000 epochs: minutes away)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=120) == 75  # preempted: a checkpoint, then the exit code that resumes
+    finally:
+        p.kill()
+    assert running and len(lines) >= 3, (running, out.read_text()[-2000:], err.read_text()[-2000:])
+    for i, line in enumerate(lines[:3], 1):
+        fields = dict(kv.split("=", 1) for kv in line.split())
+        assert fields["epoch"] == str(i) and float(fields["train/images_per_s"]) > 0, line
+        assert {"train/loss", "train/accuracy", "lr", "test/accuracy", "test/nll", "test/ece"} <= fields.keys(), line
+    assert "\r" not in out.read_text() + err.read_text()
+
+
+def test_a_terminal_keeps_the_bar_and_a_file_gets_none():
+    from flatbnn.engine.trainer import shows_bar
+
+    class Terminal:
+        def isatty(self):
+            return True
+
+    assert shows_bar(True, Terminal()) and not shows_bar(False, Terminal())
+    with open(os.devnull, "w") as f:  # `2> log`, SLURM's files: no bar, the epoch lines say it all
+        assert not shows_bar(True, f)
+
+
+def test_a_run_in_a_terminal_draws_the_bar(tmp_path):
+    """The other side of the line-per-epoch change: stdout and stderr on a pseudo-terminal, progress on (the
+    default): tqdm's bar ("epoch 1/2: ...") is drawn beside the epoch lines."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a fresh pty is 0 wide: no bar
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen([sys.executable, str(REPO / "train.py"), "dataset=digits", "model=mlp", "trainer.epochs=2",
+                          "trainer.checkpoint_every=0", "trainer.reliability_diagram=false",
+                          f"hydra.run.dir={tmp_path / 'run'}"], stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+                         env=env, cwd=REPO)
+    os.close(slave)
+    chunks = []
+    try:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        assert p.wait(timeout=300) == 0
+    finally:
+        p.kill()
+        os.close(master)
+    text = b"".join(chunks).decode(errors="replace")
+    assert "epoch 1/2" in text, text[-2000:]  # the bar's description (a terminal turns every \n into \r\n)
+    assert re.search(r"^epoch=2 step=\d+ train/loss=", text.replace("\r", "\n"), re.M), text[-2000:]
+
+
 # ------------------------------------------------------------------------------ install lines
 def test_every_torch_floor_named_is_pyprojects():
     """The Makefile said "any torch >= 2.3 works" while pyproject.toml, the README and docs/cluster.md say 2.11."""

@@ -1,5 +1,5 @@
 """The GPU window (issue 41): the self-check's paths, what the campaign takes from it, and the whole chain dry on the
-CPU (flatbnn/bench/selfcheck.py, window.py, window_host.py)."""
+CPU (flatbnn/bench/selfcheck.py, flatbnn/reproduce/window.py, window_host.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from flatbnn.bench import selfcheck, window, window_host
+from flatbnn.bench import selfcheck
+from flatbnn.reproduce import window, window_host
 
 REPO = Path(__file__).resolve().parents[1]
 ALL_OK = {"usable": [p.name for p in selfcheck.PATHS],
@@ -107,11 +108,11 @@ def dry_window(tmp_path_factory):
     base = tmp_path_factory.mktemp("window")
     out = base / "OUT"
     before = _repo_results_state()
-    r = subprocess.run([sys.executable, "-m", "flatbnn.bench.window", "--dry-run", "--minutes", "4", "--out",
+    r = subprocess.run([sys.executable, "-m", "flatbnn.reproduce.window", "--dry-run", "--minutes", "4", "--out",
                         str(out), "--work", str(base / "work"), "--cap", "sam_m8_batched=0"],
                        cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    rr = subprocess.run([sys.executable, "-m", "flatbnn.bench.window_host", "restore", str(out)], cwd=REPO,
+    rr = subprocess.run([sys.executable, "-m", "flatbnn.reproduce.window_host", "restore", str(out)], cwd=REPO,
                         capture_output=True, text=True, timeout=300)
     assert rr.returncode == 0, rr.stderr[-2000:]
     assert _repo_results_state() == before  # a dry window never writes the repository's results/ or .device/
@@ -166,10 +167,10 @@ def test_dry_restore_puts_records_where_compare_reads_them(dry_window):
 
 
 def test_bad_input_is_one_line_exit_2(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "flatbnn.bench.window_host", "restore", str(tmp_path)], cwd=REPO,
+    r = subprocess.run([sys.executable, "-m", "flatbnn.reproduce.window_host", "restore", str(tmp_path)], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "selfcheck.json" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "flatbnn.bench.window", "--minutes", "12", "--out", str(tmp_path)],
+    r = subprocess.run([sys.executable, "-m", "flatbnn.reproduce.window", "--minutes", "12", "--out", str(tmp_path)],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "10 minutes" in r.stderr
 

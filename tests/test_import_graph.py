@@ -43,6 +43,24 @@ def test_no_upward_imports() -> None:
     )
 
 
+def test_no_packages_import_each_other() -> None:
+    # bench <-> reproduce was such a knot: no module circle and no upward import while both shared a layer
+    found = import_graph.node_circles(_graph())
+    assert not found, "packages (LAYERS entries) importing each other: " + "; ".join(" <-> ".join(k) for k in found)
+
+
+def test_the_gpu_window_sits_above_the_benchmark_code_it_runs() -> None:
+    # the window runs the self-check (bench) and then the campaign (reproduce): it lives in reproduce, above bench,
+    # and bench imports nothing of reproduce (what cost.py and campaign.py read of bench stays below them)
+    graph = _graph()
+    assert "flatbnn.bench.selfcheck" in graph["flatbnn.reproduce.window"]
+    assert {"flatbnn.bench.variants", "flatbnn.bench.selfcheck"} <= graph["flatbnn.reproduce.cost"]
+    assert "flatbnn.bench.mps" in graph["flatbnn.reproduce.campaign"]
+    assert import_graph.layer_of("flatbnn.bench.selfcheck") < import_graph.layer_of("flatbnn.reproduce.window")
+    assert not [b for a, targets in graph.items() if a.startswith("flatbnn.bench") for b in targets
+                if b.startswith("flatbnn.reproduce")]
+
+
 def test_every_module_in_a_layer() -> None:
     found = import_graph.unplaced(_graph())
     assert not found, f"modules in no layer: add their sub-package to LAYERS in scripts/import_graph.py: {found}"

@@ -58,6 +58,7 @@ def test_checks_on_a_made_up_tree(tmp_path: Path) -> None:
     assert ig.package_edges(graph) == {
         "flatbnn": set(), "data": set(), "metrics": {"engine"}, "engine": {"data", "metrics"}, "zzz": {"data"},
     }
+    assert ig.node_circles(graph) == [["engine", "metrics"]]  # metrics/m -> engine/e -> metrics: packages too
 
 
 def test_drawing_counts_and_marks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -66,6 +67,7 @@ def test_drawing_counts_and_marks(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "circles: 2 (1 between modules, 1 through a package __init__)" in text
     assert "  data/a.py -> data/b.py -> data/a.py" in text
     assert "  data/__init__.py <-> 1 of its modules that import it (reg)" in text
+    assert "circles between the nodes drawn (packages importing each other): 1\n  engine <-> metrics" in text
     assert "imports running back up: 1\n  metrics/m.py -> engine/e.py" in text
     assert "modules in no layer (add them to LAYERS in scripts/import_graph.py): 2" in text
     assert "    4  metrics  ^engine" in text and "    8  engine   data, metrics" in text
@@ -99,6 +101,27 @@ def test_an_upward_import_planted_in_flatbnn_is_reported(tmp_path: Path) -> None
     graph = ig.import_graph(ig.package_dir_of(tmp_path))
     assert ig.upward_imports(graph) == [("flatbnn.metrics.reliability", "flatbnn.reproduce.aggregate")]
     assert ig.circles(graph) == []
+
+
+def test_two_packages_of_one_layer_importing_each_other_are_a_circle(tmp_path: Path) -> None:
+    # tools/a -> evaluate -> tools/b: no module circle, and tools and evaluate share a layer (no upward import), yet
+    # the two packages import each other -- the shape of the old bench <-> reproduce knot
+    files = {"__init__.py": "", "evaluate.py": "from flatbnn.tools import b\n", "tools/__init__.py": "",
+             "tools/a.py": "from flatbnn import evaluate\n", "tools/b.py": ""}
+    graph = ig.import_graph(ig.package_dir_of(_write(tmp_path, files)))
+    assert ig.circles(graph) == [] and ig.upward_imports(graph) == []
+    assert ig.node_circles(graph) == [["evaluate", "tools"]]
+
+
+def test_the_window_moved_back_into_bench_is_reported(tmp_path: Path) -> None:
+    # the real tree and LAYERS: a bench module that imports reproduce again (as bench/window_host.py did) is an
+    # import running back up and a circle of the two packages (reproduce/cost.py imports bench)
+    shutil.copytree(REPO / "flatbnn", tmp_path / "flatbnn", ignore=shutil.ignore_patterns("__pycache__", "*.yaml"))
+    planted = tmp_path / "flatbnn" / "bench" / "reference.py"
+    planted.write_text(planted.read_text() + "\n\ndef _planted():\n    from flatbnn.reproduce import launch\n")
+    graph = ig.import_graph(ig.package_dir_of(tmp_path))
+    assert ig.upward_imports(graph) == [("flatbnn.bench.reference", "flatbnn.reproduce.launch")]
+    assert ig.node_circles(graph) == [["bench", "reproduce"]] and ig.circles(graph) == []  # no module circle
 
 
 def test_bad_root_and_write_elsewhere_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -43,13 +43,43 @@ def test_a_declared_departure_passes_only_with_the_same_values():
     dep = {"key": "trainer.epochs", "cells": "fashion_mnist/*", "ours": 120, "paper": 100,
            "category": "our extension", "reason": "test"}
     row.departures = [dep]
-    assert not [p for p in P.check_row(row, proto).problems if "epochs" in p]
+    assert not [p for p in P.check_row(row, proto).problems if "trainer.epochs" in p]
     row.departures = [{**dep, "ours": 110}]  # a departure saying 110 does not cover a spec that trains 120
     problems = P.check_row(row, proto).problems
     assert any("undeclared departure" in p and "trainer.epochs" in p for p in problems)
     assert any("matches no difference: remove it" in p for p in problems)  # and the stale one is named
     row.departures = [{**dep, "category": "because"}]
     assert any("category must be one of" in p for p in P.check_row(row, proto).problems)
+
+
+def test_bsams_small_data_input_scaling_and_warm_up_are_declared_and_go_red_when_the_spec_changes():
+    """Issue 52 item 6: the official bSAM code feeds MNIST / FashionMNIST pixels in [0, 1] and warms up 5 epochs on
+    every data set; our paper scale standardises and has no warm-up (the finished cells trained so), declared as
+    departures. A spec switched to the code's input or warm-up leaves its departure stale, and a departure dropped
+    leaves the difference undeclared: both fail. (Two cells, to compose little.)"""
+    def problems(row, proto):
+        return [p for p in P.check_row(row, proto).problems if "normalize" in p or "warmup" in p]
+
+    for name in ("bsam_t6", "bsam_t3"):
+        row = load_row(name)
+        proto = copy.deepcopy(P.protocol_of(row))
+        for cid in ("mnist/mlp/bsam", "fashion_mnist/lenet5/bsam"):
+            entries = P.entries_for(proto, cid)
+            assert entries["input scaling"]["value"] is False and entries["warm-up"]["value"] == 5, (name, cid)
+        row.cells = ["mnist/mlp/bsam", "fashion_mnist/lenet5/bsam"]
+        assert problems(row, proto) == [], name
+        paper = row.scales["paper"]
+        for switched, key in (("dataset.normalize=false", "dataset.normalize"),
+                              ("scheduler.warmup_epochs=5", "scheduler.warmup_epochs")):
+            paper["overrides"] = [*paper["overrides"], switched]  # the spec now feeds / warms up as the code does
+            found = problems(row, proto)
+            assert any(f"departure {key}" in p and "matches no difference: remove it" in p for p in found), found
+            paper["overrides"] = paper["overrides"][:-1]
+            kept = row.departures
+            row.departures = [d for d in kept if d["key"] != key]  # the difference stays, its declaration goes
+            found = problems(row, proto)
+            assert any(key in p and "an undeclared departure" in p for p in found), found
+            row.departures = kept
 
 
 def test_an_entry_whose_key_the_composed_config_lacks_fails():
@@ -92,11 +122,12 @@ def test_status_board_and_comparison_page_show_fidelity_and_departures(monkeypat
 
     from flatbnn.reproduce import compare, compare_markdown, status
     line = next(x for x in status.render().splitlines() if x.startswith("| `bsam_t6`"))
-    assert re.search(r"\| \d+ checked / 4 departures \|", line)
+    assert re.search(r"\| \d+ checked / 7 departures \|", line)
     monkeypatch.setattr(P, "protocol_of", lambda row: None)  # a row nobody transcribed says so, never passes quietly
     line = next(x for x in status.render().splitlines() if x.startswith("| `hwa_fig1`"))
     assert "**no protocol yet**" in line
     monkeypatch.undo()
     md = "\n".join(compare_markdown._fidelity_markdown({"row": "bsam_t6", "fidelity": compare._fidelity(load_row("bsam_t6"))}))
     assert "## Departures from the paper's protocol" in md
-    assert "| `model.num_classes` | `*mnist/*` | 10 | 9 | our extension: K softmax logits" in md
+    assert "| `model.num_classes` | `mnist/*` | 10 | 9 | official code differs: K softmax logits" in md
+    assert "| `dataset.normalize` | `*` | True | False | paper silent: The paper does not say" in md

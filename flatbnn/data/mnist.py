@@ -7,7 +7,9 @@ Layout (torchvision's): ``<root>/MNIST/raw/`` resp. ``<root>/FashionMNIST/raw/``
 files with ``torchvision.datasets.MNIST`` / ``FashionMNIST``.
 
 Items are ``[1, 28, 28]``; canonical order by class then file position; subsets class-balanced
-with a fixed RNG, as for CIFAR.
+with a fixed RNG, as for CIFAR. ``normalize`` (default true): pixels / 255 standardised with the training set's
+mean / std (``SETS``); false feeds them in [0, 1], as the bSAM code does (its data.py: ``ToTensor()`` only). The
+OOD sets of a run follow its choice (they take the in-distribution statistics).
 """
 
 from __future__ import annotations
@@ -114,11 +116,15 @@ def load_arrays(name: str, root: Any, train_subset: int | None = None, test_subs
 def _builder(name: str):
     tv_folder, _, mean, std, classes, _ = SETS[name]
 
-    def build(opts: DataOptions) -> DataBundle:
+    def build(opts: DataOptions, normalize: bool = True) -> DataBundle:
+        if not isinstance(normalize, bool):
+            raise ValueError(f"{name}: normalize must be true or false, got {normalize!r}")
         data = load_arrays(name, opts.root, opts.train_subset, opts.test_subset, opts.download)
         check_arrays(name, data, (28, 28, 1), NUM_CLASSES)
-        return make_bundle(opts, data["train"], data["test"], num_classes=NUM_CLASSES, mean=mean, std=std,
-                           scale=255.0, meta={"classes": classes, "layout": "idx", "root": str(opts.root)})
+        mean_std = (mean, std) if normalize else ((0.0,), (1.0,))
+        return make_bundle(opts, data["train"], data["test"], num_classes=NUM_CLASSES, mean=mean_std[0],
+                           std=mean_std[1], scale=255.0,
+                           meta={"classes": classes, "layout": "idx", "root": str(opts.root)})
 
     def test_arrays(root: Any, *, subset: int | None = None, download: bool = False, cache_dir: Any = None,
                     key: str = "dataset.root") -> tuple[np.ndarray, np.ndarray]:

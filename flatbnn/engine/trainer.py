@@ -31,10 +31,18 @@ from flatbnn.engine.checkpoint import (CHECKPOINT_FORMAT, CheckpointError, check
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again" -- requeue the job, it resumes from the checkpoint
 
 
+def shows_bar(progress: bool, stream=None) -> bool:
+    """Whether tqdm's bar is drawn: ``trainer.progress`` and a terminal where it goes (stderr). Into a file (SLURM
+    logs, ``2> log``) a bar is only carriage returns; the epoch lines (:func:`print_epoch_line`) say what it would."""
+    stream = sys.stderr if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    return bool(progress) and callable(isatty) and bool(isatty())
+
+
 def print_epoch_line(record: dict) -> None:
-    """An epoch's line on stdout (above the progress bar), flushed: a redirected stdout is block-buffered, and the
-    next epoch's bar flushed it only by chance (tqdm flushes at start) -- the last epoch's line waited for the final
-    predictive and the exit."""
+    """An epoch's line on stdout (above the progress bar where one is drawn), flushed: a redirected stdout is
+    block-buffered (``> log``, SLURM), and the next epoch's bar flushed it only by chance (tqdm flushes at start) --
+    the last epoch's line waited for the final predictive and the exit; without a bar, every line waited."""
     tqdm.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                         for k, v in record.items() if "seconds" not in k), file=sys.stdout)
     sys.stdout.flush()
@@ -151,7 +159,8 @@ class Trainer:
         self.device = device
         self.checkpoint_every = int(checkpoint_every)
         self.eval_every = int(eval_every)
-        self.progress = progress and info.is_main
+        # rank 0 prints one line per epoch wherever stdout goes; the bar only where a person watches a terminal
+        self.show_bar = shows_bar(progress) and info.is_main
         self.limit = limit_train_batches
         self.channels_last = channels_last
         self.loggers = list(loggers)
@@ -280,7 +289,7 @@ class Trainer:
                 loss_sum, n_steps, n_images = sums.get("loss_sum", 0.0), sums.get("steps", 0), sums.get("images", 0)
                 seconds_before = sums.get("seconds", 0.0)
                 pending = []  # (loss, lr) of steps not read yet (the loss a device tensor)
-                bar = tqdm(total=steps_per_epoch, initial=self.step_in_epoch, disable=not self.progress,
+                bar = tqdm(total=steps_per_epoch, initial=self.step_in_epoch, disable=not self.show_bar,
                            desc=f"epoch {epoch + 1}/{self.epochs}", leave=False, dynamic_ncols=True)
                 for batch in workers_forked_deaf(loader):
                     if self.step_in_epoch >= steps_per_epoch:
@@ -335,8 +344,7 @@ class Trainer:
                 if self.info.is_main:
                     for lg in self.loggers:
                         lg.log_epoch(record)
-                    if self.progress:
-                        print_epoch_line(record)
+                    print_epoch_line(record)
                 self.history_tail = record
                 if self.checkpoint_every and (self.epoch % self.checkpoint_every == 0
                                               or self.epoch == self.epochs):

@@ -11,8 +11,8 @@ Three readings, chosen with ``variant`` (all ReLU, max-pool, fully connected C3)
   with Flipout: every conv 'SAME'-padded, 2x2 'SAME' pools, so C5 runs on 7x7 maps and feeds
   7*7*120 = 5,880 features to fc 84. 545,546 parameters on MNIST.
 * ``"bsam"`` -- the bSAM code's LeNet-5 (FashionMNIST): 'SAME' convs 6-16-120, each followed by a 3x3
-  stride-2 'VALID' max-pool, then fc 64 and the classifier (bSAM outputs classes - 1 logits: a method
-  choice, not built in here). 82,126 parameters on FashionMNIST with 10 outputs.
+  stride-2 'VALID' max-pool, then fc 64 and the classifier (the code's has classes - 1 outputs, against
+  one-hot labels of classes entries: that path cannot train as released; not built in here). 82,126 parameters on FashionMNIST with 10 outputs.
 
 ``dropout > 0`` adds an ``nn.Dropout`` before each of the two fully connected layers; with 0 none.
 """

@@ -1,8 +1,8 @@
 """Fully connected network on the flattened input (the small-data / toy-problem backbone).
 
 ``mlp`` with ``hidden: [500, 300]`` on 1x28x28 inputs is bSAM's MNIST MLP 784-500-300-classes
-(545,810 parameters for 10 classes). The paper says ReLU; the bSAM code uses ELU (and a 0.05 bias init,
-and classes - 1 outputs -- method choices not built in here): ``activation="elu"`` gives the code's.
+(545,810 parameters for 10 classes). The paper says ReLU and classes - 1 outputs; the bSAM code uses ELU (and a
+0.05 bias init, not built in here) and one output per class, as here: ``activation="elu"`` gives the code's ELU.
 ``dropout > 0`` adds an ``nn.Dropout`` after every hidden activation; with 0 there is none.
 """
 

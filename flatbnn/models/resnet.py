@@ -12,8 +12,8 @@ Blocks per stage: ResNet-10 (1,1,1,1), ResNet-18 (2,2,2,2), ResNet-34 (3,4,6,3).
 ``shortcut``, ``head``) still load (:func:`_rename_legacy_keys`).
 
 Used by: flat_seeking_bnn Table 3 (ResNet10/18, SGVB; its code is not public -- the standard CIFAR
-ResNet is assumed); bSAM Table 2 (ResNet-18; that code outputs num_classes - 1 logits and
-zero-initialises the classifier -- a method choice, not built in here); Fisher SAM Fig. 4 (ResNet-34,
+ResNet is assumed); bSAM Table 2 (ResNet-18; that code outputs num_classes logits, as here, and
+zero-initialises the classifier -- not built in here); Fisher SAM Fig. 4 (ResNet-34,
 adversarial parameter perturbation on CIFAR-10).
 
 ``dropout > 0`` adds one ``nn.Dropout`` before the classifier (MC-Dropout); with 0 there is none.

@@ -1,8 +1,8 @@
 """The GPU window's two ends on this machine (issue 41): ``prepare`` builds the carried folder and prints the device
-call; ``restore`` merges what the window returned (flatbnn/bench/window.py) into results/.
+call; ``restore`` merges what the window returned (flatbnn/reproduce/window.py) into results/.
 
-    python -m flatbnn.bench.window_host prepare [--minutes 9.5] [--cifar10 F] [--mnist-root D] [--print]
-    python -m flatbnn.bench.window_host restore FROM
+    python -m flatbnn.reproduce.window_host prepare [--minutes 9.5] [--cifar10 F] [--mnist-root D] [--print]
+    python -m flatbnn.reproduce.window_host restore FROM
 
 ``prepare`` fills ``.device/`` (git-ignored): the hydra / omegaconf / antlr wheels the device lacks, the CIFAR-10
 archive, MNIST and Fashion-MNIST as xz tars of their idx files (gzip leaves 42 MB, xz ~35), COMMIT (the device copy
@@ -27,7 +27,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from flatbnn.bench.window import DATA_FILES, MNIST_FOLDERS, OUT_FILES, REUSED_SELFCHECK
+from flatbnn.reproduce.window import DATA_FILES, MNIST_FOLDERS, OUT_FILES, REUSED_SELFCHECK
 from flatbnn.reproduce.spec import SpecError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,7 +70,9 @@ def folder_bytes(d: Path) -> int:
 
 
 # what a self-check verdict depends on: the step code (engine, methods, flatness, models, the check itself); not
-# the campaign, the reproduction runner or the window around it
+# the campaign, the reproduction runner or the window around it (flatbnn/reproduce/, the window included; the two
+# bench/ paths are where the window lived before it moved up beside the campaign, which a diff against an older
+# self-check's commit still names)
 STEP_CODE_EXCLUDED = ("flatbnn/reproduce", "flatbnn/bench/window.py", "flatbnn/bench/window_host.py")
 
 
@@ -100,7 +102,7 @@ def reusable_selfcheck(f: Path) -> dict:
 def command(minutes: float, rows: str | None = None) -> str:
     """The device call's command line: install the carried wheels, then the window."""
     cmd = ("python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/wheels/*.whl && "
-           "export PYTHONPATH=/tmp/site:$PWD && python3 -m flatbnn.bench.window "
+           "export PYTHONPATH=/tmp/site:$PWD && python3 -m flatbnn.reproduce.window "
            f"--minutes {minutes:g} --data-dir .device --out $OUT" + (f" --rows {rows}" if rows else ""))
     if len(cmd) > COMMAND_LIMIT:
         raise WindowError(f"the command is {len(cmd)} characters, over the device tool's {COMMAND_LIMIT}")

@@ -1,11 +1,11 @@
 """A lent GPU window in one command (issue 41; docs/cluster.md "The GPU window"): self-check, 1 vs 2 vs 4 processes,
 the campaign for the minutes left, and the output packed for ``make gpu-restore``.
 
-    python3 -m flatbnn.bench.window --minutes 9.5 --data-dir .device --out $OUT     # on the device machine
-    python -m flatbnn.bench.window --dry-run --minutes 2.5 --out /tmp/w            # CPU, tiny sizes (CI)
+    python3 -m flatbnn.reproduce.window --minutes 9.5 --data-dir .device --out $OUT     # on the device machine
+    python -m flatbnn.reproduce.window --dry-run --minutes 2.5 --out /tmp/w            # CPU, tiny sizes (CI)
 
 Timeline, all counted from the start: unpack the carried data (``--data-dir``: wheels/, cifar10_jpeg.tar.gz,
-mnist.tar.xz, fashion_mnist.tar.xz, resume.tgz, COMMIT, selfcheck_reused.json: flatbnn/bench/window_host.py writes
+mnist.tar.xz, fashion_mnist.tar.xz, resume.tgz, COMMIT, selfcheck_reused.json: flatbnn/reproduce/window_host.py writes
 it), the self-check (flatbnn/bench/selfcheck.py, at most SELFCHECK_S; or an earlier window's, carried, when this
 machine's device, torch and CUDA are the ones it ran on), the process count (aggregate images/s of 1, 2, 4 processes), then
 scripts/campaign.py with the self-check's usable paths per cell (``--selfcheck``) until PACK_RESERVE_S before the
@@ -43,7 +43,7 @@ OUT_FILES = {                 # name in $OUT -> what it holds (make gpu-restore 
     "window.json": "the summary: timeline, chosen processes and paths, the campaign's result, these files' sizes",
 }
 JOBLOG_HEAD = 16 * 1024     # the start-up lines (data, network, device, the step's capture) ...
-JOBLOG_TAIL = 48 * 1024     # ... and the end (progress bars fill the middle)
+JOBLOG_TAIL = 48 * 1024     # ... and the end (one line per epoch fills the middle)
 DRY_SELFCHECK_S = 300.0      # the dry run's self-check: its cap (CI's CPU takes ~30 s, a loaded 2-core box minutes)
 DRY_CAMPAIGN_S = 120.0       # the dry run's campaign: a few tiny jobs (CI minutes; on a CPU a job that cannot finish
 #                               in what is left is not started, so the resume path has its own test)

@@ -194,7 +194,30 @@ def resume_command(run_dir, extra: list[str] | tuple = ()) -> str | None:
             where = where.parent
     else:
         key, where = "hydra.run.dir", Path(run_dir).resolve()
-    return shlex.join(_program(_COMMAND[0]) + _replaced(_COMMAND[1:], [f"{key}={_hydra_value(str(where))}", *extra]))
+    args = _continuing(_COMMAND[1:], run_dir, sweep=hc.mode == RunMode.MULTIRUN)
+    return shlex.join(_program(_COMMAND[0]) + _replaced(args, [f"{key}={_hydra_value(str(where))}", *extra]))
+
+
+_RESUME_KEY = "trainer.resume"
+
+
+def _continuing(args, run_dir, *, sweep: bool = False) -> list[str]:
+    """``args`` with a ``trainer.resume`` override that would not continue the run in ``run_dir`` replaced by
+    ``trainer.resume=true`` (its own ``checkpoints/last.pt``): ``false`` would start it over, and a path -- another
+    run's checkpoint, or this dir's ``good.pt`` -- would go back to where it started, not to where it stopped. A path
+    stays only where the run has no checkpoint of its own yet (stopped before its first one: it starts there again)."""
+    from pathlib import Path
+
+    own = (Path(run_dir) / "checkpoints" / "last.pt").exists()
+    out = []
+    for a in args:
+        if _override_key(a) == _RESUME_KEY and "=" in a:
+            value = a.split("=", 1)[1].strip("'\"")
+            named_path = value.lower() not in ("true", "auto", "false", "none", "null", "")
+            if value.lower() not in ("true", "auto") and (sweep or own or not named_path):
+                a = f"{_RESUME_KEY}=true"
+        out.append(a)
+    return out
 
 
 _VALUE_FLAGS = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir")  # Hydra flags with a value
@@ -220,7 +243,8 @@ def member_command(run_dir, extra: list[str] | tuple = ()) -> str | None:
         if a in _VALUE_FLAGS:
             flags.append(next(rest, ""))
     pinned = [f"hydra.run.dir={_hydra_value(str(Path(run_dir).resolve()))}", *extra]
-    return shlex.join(_program(_COMMAND[0]) + flags + _replaced(HydraConfig.get().overrides.task, pinned))
+    args = _continuing(list(HydraConfig.get().overrides.task), run_dir)
+    return shlex.join(_program(_COMMAND[0]) + flags + _replaced(args, pinned))
 
 
 def _closest(word: str, options, n: int = 3) -> list[str]:

@@ -439,3 +439,81 @@ def test_ddp_workers_checkpoint_and_end_within_30_s_when_their_launcher_is_kille
     import torch
     state = torch.load(run / "checkpoints" / "last.pt", weights_only=False)
     assert state["step_in_epoch"] > 0 and state["world_size"] == 2  # the stop's mid-epoch checkpoint
+
+
+# ------------------------------------------------------------------ resume from any checkpoint into any run dir
+@pytest.fixture(scope="module")
+def straight3(tmp_path_factory):
+    """The uninterrupted 3-epoch run the resumed ones must end like (metrics.jsonl lines and results)."""
+    run = tmp_path_factory.mktemp("straight3") / "run"
+    run_cfg(SMALL + ["trainer.epochs=3"], run)
+    return run
+
+
+def _stopped_in_process(args, run, at: int):
+    """``run_cfg(args, run)`` stopped by SIGTERM once ``at`` steps are done (the checkpoint: global step at + 1)."""
+    from flatbnn.engine.trainer import Preempted
+    import flatbnn.engine.trainer as T
+    to_device = T.Trainer.to_device
+
+    def stop(self, batch):
+        if self.global_step == at:
+            signal.raise_signal(signal.SIGTERM)
+        return to_device(self, batch)
+
+    T.Trainer.to_device = stop
+    try:
+        with pytest.raises(Preempted):
+            run_cfg(args, run)
+    finally:
+        T.Trainer.to_device = to_device
+
+
+def _same_ending(run, straight):
+    done, ref = (json.loads((Path(d) / "results.json").read_text())["metrics"] for d in (run, straight))
+    assert done["nll"] == ref["nll"] and done["accuracy"] == ref["accuracy"] and done["ece"] == ref["ece"]
+    assert _lines(run) == _lines(straight)
+
+
+def test_another_runs_last_pt_and_good_pt_resume_into_a_new_dir_to_the_uninterrupted_metrics(tmp_path, straight3,
+                                                                                              capsys):
+    """Issue 54: ``trainer.resume=<another run>/checkpoints/last.pt hydra.run.dir=<new>`` died after one step
+    (``[Errno 2] ... <new>/checkpoints/.good.pt.tmp.<pid>``: good.pt was linked into a checkpoints/ not made yet)."""
+    args = SMALL + ["trainer.epochs=3"]
+    src = tmp_path / "src"
+    _stopped_in_process(args, src, 6)  # last.pt: epoch 2, step 3; good.pt: the end of epoch 1
+    before = {f.name: f.read_bytes() for f in (src / "checkpoints").iterdir()}
+    assert set(before) == {"last.pt", "good.pt"}
+    for name, where in (("last.pt", "at epoch 2, step 3 of 4"), ("good.pt", "at epoch 2, step 0 of 4")):
+        new = tmp_path / f"from_{name}"
+        capsys.readouterr()
+        run_cfg(args + [f"trainer.resume={src}/checkpoints/{name}"], new)
+        assert where in capsys.readouterr().err
+        _same_ending(new, straight3)
+        assert (new / "checkpoints" / "last.pt").is_file()
+    assert {f.name: f.read_bytes() for f in (src / "checkpoints").iterdir()} == before  # the source is only read
+
+
+def test_every_stop_line_continues_the_stopped_run_whatever_trainer_resume_it_was_started_with(tmp_path, straight3):
+    """Issue 54: a run started with ``trainer.resume=false`` kept the flag in its stop line (pasted: the run moved
+    aside, epoch 1 again); one resumed from its own good.pt, or from another run's last.pt, printed a command going
+    back to that checkpoint instead of the stop's last.pt."""
+    args = SMALL + ["trainer.epochs=3"]
+    work = tmp_path / "work"
+    work.mkdir()
+    src = tmp_path / "src"
+    _stopped_in_process(args, src, 6)
+    for start, run, stop_at in [("false", tmp_path / "fresh", 6),                        # stops at epoch 2, step 3
+                                (f"{src}/checkpoints/last.pt", tmp_path / "new", 9),     # epoch 3, step 2
+                                (f"{src}/checkpoints/good.pt", src, 9)]:
+        p = _train(args + [f"trainer.resume={start}", f"hydra.run.dir={run}"], work, hook=f"stop_at_step:{stop_at}")
+        assert p.returncode == 75, p.stderr[-3000:]
+        [line] = _flatbnn_lines(p.stderr)
+        command = _pasted(line, "; to resume: ")
+        assert f"trainer.resume={start}" not in command, command
+        again = _paste(command, work)
+        assert again.returncode == 0, again.stderr[-3000:]
+        where = "at epoch 2, step 3 of 4" if stop_at == 6 else "at epoch 3, step 2 of 4"
+        assert f"resuming from {run}/checkpoints/last.pt {where}" in again.stderr, (start, again.stderr[-2000:])
+        assert not (run / ".flatbnn" / "replaced").exists()  # nothing of the stopped run was moved aside
+        _same_ending(run, straight3)

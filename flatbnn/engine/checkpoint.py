@@ -54,8 +54,10 @@ def save_checkpoint(path: Path, state: dict) -> None:
 
 def link_checkpoint(src: Path, dst: Path) -> None:
     """``dst`` becomes the same file as ``src`` (a hard link: no copy; ``src`` being replaced later by
-    ``os.replace`` leaves ``dst`` intact), atomically; a copy where the file system has no hard links."""
+    ``os.replace`` leaves ``dst`` intact), atomically; a copy where the file system has no hard links (or ``src``
+    is on another one: a run resumed from another run's checkpoint, whose ``checkpoints/`` it also creates)."""
     src, dst = Path(src), Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_name(dst)
     tmp.unlink(missing_ok=True)
     try:

@@ -25,8 +25,8 @@ from flatbnn.engine.loggers import JsonlLogger
 from flatbnn.engine.provenance import git_commit
 from flatbnn.engine.report import RunReport, report_final, report_start
 from flatbnn.engine.results import final_evaluate, results_meta, save_reliability_diagram
-from flatbnn.engine.run_dir import (Claim, apply_resume_overrides, claim_run_dir, finished_results,
-                                    move_aside_earlier_outputs, optimizer_snapshot, steps_changed)
+from flatbnn.engine.run_dir import (Claim, apply_resume_overrides, claim_run_dir, copy_source_metrics,
+                                    finished_results, move_aside_earlier_outputs, optimizer_snapshot, steps_changed)
 from flatbnn.engine.trainer import Trainer
 from flatbnn.metrics.evaluate import evaluate
 
@@ -89,9 +89,11 @@ def _train_and_evaluate(b: Built, claim: "Claim", t_start: float, git_start: dic
         RunReport(run_dir).note(f"initialised the model from {b.init_from['path']}")
     if info.is_main:  # the checkpoint restored (or none): from here on this run writes its outputs
         # any checkpoint of this run dir (last.pt, good.pt, diverged.pt) continues this run: its metrics stay
-        move_aside_earlier_outputs(run_dir, resuming=ckpt is not None and _same_path(
-            Path(ckpt).parent, run_dir / "checkpoints"))
+        own = ckpt is not None and _same_path(Path(ckpt).parent, run_dir / "checkpoints")
+        move_aside_earlier_outputs(run_dir, resuming=own)
         run_dir.mkdir(parents=True, exist_ok=True)
+        if ckpt is not None and not own:  # another run's checkpoint: its epochs so far, so metrics.jsonl is one run's
+            copy_source_metrics(Path(ckpt), run_dir)
         trainer.loggers = [JsonlLogger(run_dir, resume_epoch=trainer.epoch)]
         container = OmegaConf.to_container(cfg, resolve=True)
         for lg_cfg in (cfg.logger or {}).values():

@@ -246,6 +246,18 @@ def move_aside_earlier_outputs(run_dir: Path, *, resuming: bool) -> Path | None:
     return aside
 
 
+def copy_source_metrics(ckpt: Path, run_dir: Path) -> Path | None:
+    """A run resumed from another run's checkpoint (``trainer.resume=<dir>/checkpoints/last.pt`` into a new dir)
+    starts its ``metrics.jsonl`` with that run's lines (engine/loggers.py keeps those of the epochs the checkpoint
+    holds), so the new dir's file reads as the uninterrupted run's; the source dir is only read."""
+    source = _holder(run_dir, ckpt) / "metrics.jsonl"
+    dest = Path(run_dir) / "metrics.jsonl"
+    if dest.exists() or not source.is_file() or source.resolve() == dest.resolve():
+        return None
+    write_bytes(dest, source.read_bytes())
+    return source
+
+
 def optimizer_snapshot(method) -> list[dict] | None:
     """The freshly built optimiser's hyperparameters per param group (this run's config), before a checkpoint's
     replace them."""

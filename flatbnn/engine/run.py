@@ -84,7 +84,11 @@ def _train_and_evaluate(b: Built, claim: "Claim", t_start: float, git_start: dic
             RunReport(run_dir).note(
                 f"resuming from {ckpt} {where}"
                 + (f", with {', '.join(f'{k}={v[1]}' for k, v in claim.changes.items())} applied (was "
-                   f"{', '.join(str(v[0]) for v in claim.changes.values())})" if claim.changes else ""))
+                   f"{', '.join(str(v[0]) for v in claim.changes.values())})" if claim.changes else "")
+                + (f", on other data (trainer.resume_data_changed=ok): {'; '.join(claim.data_changes)}"
+                   if claim.data_changes else "")
+                + ("; the checkpoint predates data fingerprints: the data were not compared"
+                   if claim.state.get("data") is None else ""))
     elif b.init_from is not None and info.is_main:
         RunReport(run_dir).note(f"initialised the model from {b.init_from['path']}")
     if info.is_main:  # the checkpoint restored (or none): from here on this run writes its outputs
@@ -110,15 +114,15 @@ def _train_and_evaluate(b: Built, claim: "Claim", t_start: float, git_start: dic
         return {f"{name}/{k}": m[k] for k in keys}
 
     history = list((claim.state or {}).get("resume_changes") or [])
-    if claim.changes:
-        history.append({"global_step": trainer.global_step,
-                        "changes": {k: list(v) for k, v in claim.changes.items()}})
+    if claim.changes or claim.data_changes:
+        history.append({"global_step": trainer.global_step, "changes": {k: list(v) for k, v in claim.changes.items()},
+                        **({"data_changed": claim.data_changes} if claim.data_changes else {})})
     git_segments = list((claim.state or {}).get("git_segments") or [])  # earlier processes of this run
     git_segments.append({"global_step": trainer.global_step, **(git_start or git_commit())})
     with report:  # training's warnings (flatbnn's and Python's) go to train.log too
         trainer.fit(method, b.flatness, b.backprop, b.train_loader, b.sampler, b.bundle.train,
                     evaluate_epoch=evaluate_epoch if tc.eval_every else None, generator=b.generator,
-                    checkpoint_extra={"config": claim.config, "resume_changes": history,
+                    checkpoint_extra={"config": claim.config, "data": b.data, "resume_changes": history,
                                       "git_segments": git_segments})
 
     if tc.compile and info.is_main:

@@ -14,7 +14,7 @@ import math
 import os
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -22,6 +22,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from flatbnn import keyroles
+from flatbnn.data.fingerprint import differences
 from flatbnn.engine import distributed as D
 from flatbnn.engine.build import Built
 from flatbnn.engine.checkpoint import (CheckpointError, checkpoint_problem, load_checkpoint, remove_stale_temp_files,
@@ -46,6 +47,10 @@ class ResumeConfigMismatch(CheckpointError):
     pass
 
 
+class ResumeDataChanged(ResumeConfigMismatch):
+    """The checkpoint's data fingerprint is not this run's data (flatbnn/data/fingerprint.py)."""
+
+
 @dataclass
 class Claim:
     """What :func:`claim_run_dir` established: the lock, the checkpoint to resume (loaded once), this
@@ -55,6 +60,7 @@ class Claim:
     state: dict | None
     config: dict
     changes: dict
+    data_changes: list = field(default_factory=list)  # trainer.resume_data_changed=ok: how the data differ
 
 
 def _covered(key: str, names) -> bool:
@@ -134,6 +140,7 @@ def claim_run_dir(b: Built) -> Claim:
                 f"{holder} holds a run with another config ({source}): {shown}{more}; nothing was overwritten. "
                 f"{ways}, or continue that run with the change applied "
                 f"(trainer.resume_overrides=[{','.join(refused)}])")
+        data_changes = _data_changes(b, state)
         if info.is_main:
             _keep_run_dir_config(run_dir, current, cfg)
             for d in (run_dir, run_dir / "checkpoints"):  # results.json's and the checkpoints' temp files
@@ -144,7 +151,23 @@ def claim_run_dir(b: Built) -> Claim:
             _restore_hydra_files(run_dir)
             lock.release()
         raise
-    return Claim(lock=lock, state=state, config=current, changes=changes)
+    return Claim(lock=lock, state=state, config=current, changes=changes, data_changes=data_changes)
+
+
+def _data_changes(b: Built, state: dict | None) -> list[str]:
+    """How this run's data differ from those the checkpoint's run trained on ([]: the same, or a checkpoint from
+    before data fingerprints, which run.py's resume line says); refused unless ``trainer.resume_data_changed=ok``."""
+    if state is None or state.get("data") is None:
+        return []
+    changed = differences(state["data"], b.data)
+    if changed and b.cfg.trainer.get("resume_data_changed") != "ok":
+        more = f" (+{len(changed) - 3} more)" if len(changed) > 3 else ""
+        raise ResumeDataChanged(
+            f"{b.resume_ckpt}: the data differ from those its run trained on: {'; '.join(changed[:3])}{more}; "
+            f"nothing was overwritten. Point dataset.root at the data it trained on, start over "
+            f"(trainer.resume=false), or go on with these data (trainer.resume_data_changed=ok, recorded in "
+            f"results.json)")
+    return changed
 
 
 def _holder(run_dir: Path, ckpt: Path | None) -> Path:

@@ -14,7 +14,8 @@ import math
 import os
 import sys
 import warnings
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -60,7 +61,7 @@ class Claim:
     state: dict | None
     config: dict
     changes: dict
-    data_changes: list = field(default_factory=list)  # trainer.resume_data_changed=ok: how the data differ
+    data_changes: list = dataclasses.field(default_factory=list)  # trainer.resume_data_changed=ok: how the data differ
 
 
 def _covered(key: str, names) -> bool:

@@ -66,6 +66,8 @@ def _run_row(name: str, args, extra: list[str]) -> int:
     from flatbnn.reproduce.compare_markdown import write_comparison
 
     row = load_row(name)
+    if not args.no_compare and not args.dry_run:
+        row.paper_data()  # a bad paper file: one line now (UnreadableFile, exit 2), not after every job has trained
     out = _sweep_dir(args, name)
     if row.kind != "script" and row.scale(args.scale) is None:
         print(f"reproduce {name}: no {args.scale} scale ({row.blocked or row.scale_missing_reason(args.scale)})",

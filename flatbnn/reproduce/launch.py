@@ -22,7 +22,7 @@ import yaml
 
 from flatbnn import resources
 from flatbnn.engine.checkpoint import write_json, write_text
-from flatbnn.reproduce.spec import REPO, Cell, Row, SpecError, rows_reading
+from flatbnn.reproduce.spec import REPO, Cell, Row, SpecError, load_json, load_yaml, rows_reading
 
 CONFIGS = resources.CONFIGS_DIR
 OUTPUT_ROOT = Path(os.environ.get("FLATBNN_REPRODUCE_DIR", REPO / "outputs" / "reproduce"))
@@ -295,9 +295,9 @@ def _finished_runs_elsewhere(out: Path, scale: str, row_name: str | None = None)
         if run.is_symlink() or not (run / "results.json").exists():
             return
         rec = run / "record.json"
-        if rec.is_file() and json.loads(rec.read_text()).get("reused_from"):
+        if rec.is_file() and load_json(rec).get("reused_from"):
             return
-        cfg = yaml.safe_load(cfg_file.read_text()) or {}
+        cfg = load_yaml(cfg_file) or {}
         index.setdefault((_canon(cfg.get("seed")), _canon(config_key(cfg))), run)
 
     roots = [Path(OUTPUT_ROOT)]
@@ -370,9 +370,9 @@ def stale_run(cell: Cell, seed: int, run: Path, scale: str | None = None) -> str
     cfg_file, res = Path(run) / "config_resolved.yaml", Path(run) / "results.json"
     if not cfg_file.is_file() or not res.is_file():
         return None
-    meta = json.loads(res.read_text()).get("meta") or {}
+    meta = load_json(res).get("meta") or {}
     extra = tuple(o for o in meta.get("overrides") or [] if not o.startswith("+cell="))
-    ran_cfg = yaml.safe_load(cfg_file.read_text()) or {}
+    ran_cfg = load_yaml(cfg_file) or {}
     scale = scale or (ran_cfg.get("reproduce") or {}).get("scale")
     try:
         want = _spec_config_key(tuple(run_overrides(cell, scale, extra)) + extra, seed)

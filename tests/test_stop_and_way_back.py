@@ -383,6 +383,13 @@ def test_a_bad_override_after_the_double_dash_is_refused_once_before_anything_is
     assert rc == 2 and launched == [], err
     assert len(err) == 1 and "trainer.epochz" in err[0] and "trainer.epochs" in err[0], err  # the closest key
     assert not (out / "sgd").exists() and not (out / ".hydra_cells").exists()
+    # a bad VALUE of a known key (issue 54: every job failed, and a comparison of 0 runs was written)
+    for bad, why in (("optimizer.lr=fast", "optimizer.lr='fast': must be a number"),
+                     ("trainer.epochs=-1", "trainer.epochs=-1: must be >= 0")):
+        rc = cli.main(["run", "r", "--scale", "cpu", "--out", str(out), "--", bad])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and launched == [] and len(err) == 1 and why in err[0], (bad, err)
+        assert not (out / "sgd").exists() and not (out / "comparison").exists()
 
 
 # ------------------------------------------------------------------ DDP: workers end with their launcher, in time

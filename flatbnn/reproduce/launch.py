@@ -157,19 +157,25 @@ def compose_cell(overrides: list[str]):
 
 
 def check_extra(cells: list[Cell], extra: list[str]) -> None:
-    """The command line's overrides (``run <row> -- key=value ...``) compose with the row's first cell, checked
+    """The command line's overrides (``run <row> -- key=value ...``) compose with the row's first cell and pass the
+    schema's types and ranges (engine/validate.check_values: ``optimizer.lr=fast``, ``trainer.epochs=-1``), checked
     once before anything is written or launched: a bad key or value is refused up front (SpecError: one line,
     exit 2) instead of failing every job of the sweep."""
     if not cells or not extra:
         return
     from flatbnn.cli import hydra_error_line
+    from flatbnn.engine.validate import ConfigError, check_values
+    bad = [o for o in extra if not is_hydra_override(o)]
     try:
-        compose_cell(list(cells[0].overrides) + list(extra))
+        cfg = compose_cell(list(cells[0].overrides) + list(extra))
     except Exception as e:  # noqa: BLE001 -- any composition error: the line Hydra's would be at train.py
         line = hydra_error_line(e) or " ".join(str(e).split())[:300]
-        bad = [o for o in extra if not is_hydra_override(o)]
         raise SpecError(f"the overrides after -- ({' '.join(bad)}) do not compose with cell {cells[0].id}: {line}"
                         ) from None
+    try:
+        check_values(cfg)
+    except ConfigError as e:  # the line train.py would print in every job
+        raise SpecError(f"the overrides after -- ({' '.join(bad)}) give cell {cells[0].id} a bad value: {e}") from None
 
 
 def smoke_overrides(cfg, fake_roots: dict[str, Path]) -> list[str]:

@@ -834,7 +834,7 @@ def test_a_run_trained_with_another_config_than_the_spec_is_stale_not_compared(t
 BROKEN_QUOTE = 'row: r\npaper: none\ncells: []\nclaims:\n- id: x\n  quote: "a "quoted" word"\n'
 
 
-def _tiny_row(tmp_path, monkeypatch, paper: str | None = None):
+def _row_r(tmp_path, monkeypatch, paper: str | None = None):
     """A one-axis digits row ``r`` (cpu scale) with its own rows/, results/paper/, results/reproduce/ and outputs/."""
     from flatbnn.reproduce import archive, protocol
 
@@ -871,7 +871,7 @@ def test_a_truncated_record_results_json_or_comparison_is_one_line_naming_the_fi
     traceback (exit 1). Now ``file:line:column: message``, exit 2, in compare and status; no page from a partial read."""
     from flatbnn.reproduce import archive, cli
 
-    results = _tiny_row(tmp_path, monkeypatch)
+    results = _row_r(tmp_path, monkeypatch)
     rec = archive.record_dir(results, "r", "cpu", "sgd", 0)
     rec.mkdir(parents=True)
     _fake_run(tmp_path / "src", "sgd", 0, 0.9, 0.3)
@@ -901,7 +901,7 @@ def test_a_yaml_error_in_a_paper_file_is_one_line_naming_it_in_check_compare_run
     launches nothing."""
     from flatbnn.reproduce import cli
 
-    _tiny_row(tmp_path, monkeypatch, paper=BROKEN_QUOTE)
+    _row_r(tmp_path, monkeypatch, paper=BROKEN_QUOTE)
     bad = tmp_path / "paper" / "r.yaml"
     assert cli.main(["check", "--no-compose"]) == 2
     err = capsys.readouterr().err.splitlines()

@@ -371,6 +371,54 @@ def test_a_reproduce_run_whose_jobs_another_launcher_finished_exits_0(tmp_path, 
     assert cli.main(["run", "r", "--scale", "cpu", "--out", str(out), "--no-compare"]) == 1  # a job is not done
 
 
+def test_a_job_another_launcher_trains_now_is_left_to_it_not_failed(tmp_path, monkeypatch, capsys):
+    """Issue 54: two launchers overlapping on one running job -- the second exited 1 listing that job as failed,
+    though it was training in the first. A job whose run-dir lock a live process holds is 'left to pid N', whether
+    its lock was taken before this launcher planned (skipped) or while its sweep ran (its member refused)."""
+    from flatbnn.engine.lock import RunDirLock
+    from flatbnn.reproduce import cli, launch, spec
+    rows, out = _row(tmp_path, [0, 1])
+    monkeypatch.setattr(spec, "ROWS_DIR", rows)
+    d0 = out / "sgd" / "seed0"
+    d0.mkdir(parents=True)
+    (d0 / "results.json").write_text(json.dumps({"metrics": {"nll": 1.0}, "meta": {"seed": 0}}))
+    held, swept = [], []
+
+    def the_other_launcher_took_it_first(cmd):  # both started seed 1; the other's member got the lock
+        swept.append(cmd)
+        held.append(RunDirLock(out / "sgd" / "seed1").acquire())
+        return 1  # this sweep's member was refused the run dir
+    monkeypatch.setattr(launch, "run_sweep", the_other_launcher_took_it_first)
+    try:
+        assert cli.main(["run", "r", "--scale", "cpu", "--out", str(out), "--no-compare"]) == 0
+        err = capsys.readouterr().err
+        assert f"sgd/seed1: left to pid {os.getpid()} on host " in err and "FAILED" not in err, err
+        # planned while the other one trains it: not even started
+        assert cli.main(["run", "r", "--scale", "cpu", "--out", str(out), "--no-compare"]) == 0
+        err = capsys.readouterr().err
+        assert len(swept) == 1 and "1 left to other processes, 0 to run" in err, err
+        assert f"sgd/seed1: left to pid {os.getpid()} on host " in err and "FAILED" not in err, err
+    finally:
+        for lock in held:
+            lock.release()
+
+
+def test_a_sweep_member_another_process_trains_is_left_to_it_and_the_sweep_exits_0(tmp_path):
+    """A --multirun member refused its run dir because a live process trains there is 'left to pid N', not a failed
+    member: the other members train and the sweep exits 0."""
+    from flatbnn.engine.lock import RunDirLock
+    sweep = tmp_path / "sweep"
+    lock = RunDirLock(sweep / "seed0").acquire()
+    try:
+        p = _train(["--multirun", *SMALL, "trainer.epochs=1", "trainer.eval_every=0", "seed=0,1",
+                    f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=seed${seed}"], tmp_path)
+    finally:
+        lock.release()
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"{sweep}/seed0: left to pid {os.getpid()} on host " in p.stderr and "failed" not in p.stderr, p.stderr[-2000:]
+    assert (sweep / "seed1" / "results.json").exists() and not (sweep / "seed0" / "results.json").exists()
+
+
 def test_a_bad_override_after_the_double_dash_is_refused_once_before_anything_is_launched(tmp_path, monkeypatch,
                                                                                           capsys):
     from flatbnn.reproduce import cli, launch, spec

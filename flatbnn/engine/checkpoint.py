@@ -12,8 +12,6 @@ import os
 import re
 from pathlib import Path
 
-import torch
-
 # the atomic writers live in flatbnn.atomic_io (lowest layer); re-exported here for existing callers
 from flatbnn.atomic_io import atomic_write as _atomic_write
 from flatbnn.atomic_io import temp_name as _temp_name
@@ -41,6 +39,8 @@ def _os_error_in(exc: BaseException) -> OSError | None:
 
 
 def save_checkpoint(path: Path, state: dict) -> None:
+    import torch  # here: engine/lock.py's RunDirLocked is a CheckpointError, and a scheduler takes locks without torch
+
     try:
         _atomic_write(path, lambda f: torch.save(state, f))
     except (OSError, RuntimeError) as e:  # ENOSPC, EDQUOT, EIO: the previous checkpoint is intact, say so in one line
@@ -93,6 +93,8 @@ def remove_stale_temp_files(directory: Path) -> list[Path]:
 
 
 def load_checkpoint(path: Path) -> dict:
+    import torch
+
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # truncated or foreign file

@@ -96,12 +96,12 @@ def claim_run_dir(b: Built) -> Claim:
         try:
             lock.acquire()
         except RunDirLocked as e:
-            error = str(e)
+            error = (str(e), e.holder)
     error = D.broadcast_object(error, info)  # every rank stops, not only the one that tried
     if error is not None:
         if info.is_main:
             _restore_hydra_files(run_dir)
-        raise RunDirLocked(error)
+        raise RunDirLocked(*error)
     try:
         current = OmegaConf.to_container(cfg, resolve=True)
         allowed = list(cfg.trainer.get("resume_overrides") or [])

@@ -99,9 +99,13 @@ def _run_row(name: str, args, extra: list[str]) -> int:
         failed = [f"{k}: {v['detail']}" for k, v in summary["jobs"].items() if v["state"] == "failed"]
         for line in failed:
             print(f"  FAILED {line}", file=sys.stderr)
+        left = [f"{k}: {v['detail']}" for k, v in summary["jobs"].items() if v["state"] == "running"]
+        for line in left:
+            print(f"  {line}", file=sys.stderr)
         # every job done is success, whoever ran it: a second launcher of the row (another terminal, a duplicate
-        # CI job) had its members refused by the run dirs' locks (exit 1) while the first finished them
-        unfinished = [k for k, v in summary["jobs"].items() if v["state"] != "done"]
+        # CI job, a campaign) had its members refused by the run dirs' locks while the first finished them -- or
+        # trains them still: left to it, not failed (its comparison counts them when it ends)
+        unfinished = [k for k, v in summary["jobs"].items() if v["state"] not in ("done", "running")]
         rc = 1 if failed or (summary["returncode"] != 0 and unfinished) else 0
         if summary["returncode"] in (75, 130):  # stopped (signal / Ctrl-C): checkpointed, rerun to resume
             print(f"reproduce {name}: stopped (exit {summary['returncode']}); the running job checkpointed: rerun "

@@ -539,14 +539,19 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
         if not dry_run:
             link_reused(out, cid, seed, src)
     todo = [(c, s) for c, s in todo if (c.id, s) not in reuse]
+    held = {} if dry_run else _held_elsewhere(out, todo)  # another launcher or campaign trains them now
+    for (cid, seed), who in held.items():
+        print(f"  {cid}/seed{seed}: left to {who}, which trains it now", file=sys.stderr)
+    todo = [(c, s) for c, s in todo if (c.id, s) not in held]
     for c, s in todo:  # a failure marker from an earlier attempt must not outlive a new one
         if force and run_dir(out, c.id, s).is_symlink():  # a reused run: rerun into our own dir, not the source's
             run_dir(out, c.id, s).unlink()
         (run_dir(out, c.id, s) / "failed.txt").unlink(missing_ok=True)
     print(f"reproduce {row.row} ({scale}): {len(jobs)} jobs, "
-          f"{len(jobs) - len(todo) - len(reuse) - len(on_record)} already done, "
+          f"{len(jobs) - len(todo) - len(reuse) - len(on_record) - len(held)} already done, "
           + (f"{len(on_record)} on record (--missing), " if missing else "")
-          + f"{len(reuse)} reused from other rows, {len(todo)} to run, {len(blocked)} cells blocked", file=sys.stderr)
+          + f"{len(reuse)} reused from other rows, " + (f"{len(held)} left to other processes, " if held else "")
+          + f"{len(todo)} to run, {len(blocked)} cells blocked", file=sys.stderr)
     if not force and checks_staleness(row, scale):
         stale = [(f"{c.id}/seed{s}", why) for c, s in jobs if (c, s) not in todo and (c.id, s) not in reuse
                  and (why := stale_run(c, s, run_dir(out, c.id, s)))]
@@ -581,7 +586,7 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
             if rc in (75, 130):  # stopped: the rerun resumes; dependents wait for their sources
                 break
     states = {f"{c.id}/seed{s}": (("done", archived_detail(on_record[c.id, s])) if (c.id, s) in on_record
-                                  else job_state(out, c.id, s)) for c, s in jobs}
+                                  else _state_here(out, c.id, s)) for c, s in jobs}
     if scale == "smoke" and not dry_run and not rows_reading(row.row, scale):
         drop_finished_checkpoints(out, jobs)
     summary = {"row": row.row, "scale": scale, "out": str(out), "returncode": rc,
@@ -591,6 +596,24 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
     if not dry_run:
         write_json(out / "launch.json", summary)
     return summary
+
+
+def _held_elsewhere(out: Path, jobs) -> dict[tuple[str, int], str]:
+    """{(cell id, seed): 'pid N on host H (since T)'} of the jobs whose run-dir lock a live process holds now."""
+    from flatbnn.engine.lock import live_holder
+
+    return {(c.id, s): who for c, s in jobs if (who := live_holder(run_dir(out, c.id, s)))}
+
+
+def _state_here(out: Path, cell_id: str, seed: int) -> tuple[str, str]:
+    """``job_state``, except that an unfinished job another live process trains now (a second launcher or a campaign on
+    the same --out; this one's member was refused its locked run dir) is ``running``, ``left to pid N ...``: not
+    failed, not this launcher's to finish."""
+    state = job_state(out, cell_id, seed)
+    if state[0] == "done":
+        return state
+    who = _held_elsewhere(out, [(Cell(cell_id, [], [seed]), seed)]).get((cell_id, seed))
+    return ("running", f"left to {who}, which trains it now") if who else state
 
 
 def _with_finished_sources(stage: list, out: Path, row: Row, scale: str, dry_run: bool, rc: int) -> tuple[list, int]:

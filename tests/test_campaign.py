@@ -569,3 +569,35 @@ def test_two_campaigns_on_one_out_both_exit_0_and_every_job_trains_once(tmp_path
     assert not any("FAILED" in e for e in errs) and any("left to pid " in e for e in errs), errs
     logs = sorted(p.name for p in (tmp_path / "o" / "tiny" / "paper" / ".campaign").iterdir())
     assert len(logs) == 4 and {n.split(".pid")[1] for n in logs} <= {f"{p.pid}.log" for p in procs}, logs
+
+
+@pytest.mark.parametrize("sig, code", [("SIGTERM", 75), ("SIGINT", 130)])
+def test_a_stop_signal_while_the_campaign_plans_is_one_line_and_its_code(tmp_path, sig, code):
+    """Issue 54: SIGTERM to campaign.py while it planned died with 143 and no line (docs/cluster.md promises a stop,
+    exit 75). Now one line, 75 (130 for Ctrl-C), nothing started."""
+    import subprocess
+
+    hooks = str(REPO / "tests" / "hooks")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FLATBNN_TEST_HOOK": f"signal_in:flatbnn.reproduce.campaign.plan,{sig}",
+           "PYTHONPATH": os.pathsep.join([str(REPO), hooks] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "campaign.py"), "--rows", "bsam_t6", "--minutes", "5",
+                        "--device", "cpu", "--out", str(tmp_path / "o"), "--results", str(tmp_path / "r")],
+                       cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == code and lines == [f"campaign: stopped by {sig} while planning (no job was started); "
+                                              f"rerun the same command"], p.stderr[-3000:]
+    assert not (tmp_path / "o").exists() and not (tmp_path / "r").exists()
+
+
+def test_a_bad_override_value_after_the_double_dash_stops_the_campaign_before_it_plans_a_job(tmp_path, monkeypatch,
+                                                                                             capsys):
+    """Issue 54 item 5, for the campaign: ``-- optimizer.lr=fast`` is one line and exit 2, not a failure of every job."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import campaign as campaign_cli
+
+    _train_rows(tmp_path, monkeypatch, {"tiny": {"a": ["trainer.epochs=1"]}})
+    rc = campaign_cli.main(["--rows", "tiny", "--minutes", "5", "--device", "cpu", "--out", str(tmp_path / "o"),
+                            "--results", str(tmp_path / "r"), "--", "optimizer.lr=fast"])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert rc == 2 and len(err) == 1 and "optimizer.lr='fast': must be a number" in err[0], err
+    assert not (tmp_path / "o").exists()

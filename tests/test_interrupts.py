@@ -533,3 +533,34 @@ def test_a_stop_signal_a_library_turned_into_its_own_error_is_still_the_stop(tmp
     assert (run_dir / "results.json").exists() == (code == 0)
     if code == 75:
         assert "to resume:" in p.stderr
+
+
+# ------------------------------------------------------------------ issue 54: every signal, every command
+def _hook_env(hook: str) -> dict:
+    hooks = str(Path(__file__).parent / "hooks")
+    return {**{k: v for k, v in os.environ.items() if k != "FLATBNN_TEST_HOOK"}, "OMP_NUM_THREADS": "1",
+            "FLATBNN_TEST_HOOK": hook,
+            "PYTHONPATH": os.pathsep.join([str(REPO), hooks] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("finished") / "run"
+    train_cli(SMALL + ["trainer.epochs=1", "trainer.eval_every=0"], run)
+    return run
+
+
+@pytest.mark.parametrize("sig, code", [("SIGTERM", 75), ("SIGINT", 130)])
+def test_a_stop_signal_to_evaluate_py_is_one_line_its_code_and_leaves_no_temp_file_or_eval_dir(finished_run, sig,
+                                                                                                code):
+    """Issue 54: SIGTERM to evaluate.py died with 143 and no line, and its .results.json.tmp.<pid> stayed. Stopped
+    half-way through writing the evaluation's results.json: one line, 75 (130 for Ctrl-C), no temp file, no eval dir."""
+    run = finished_run
+    before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    p = subprocess.run([sys.executable, str(REPO / "evaluate.py"), f"run={run}", "metrics.ece_bins=20"], cwd=REPO,
+                       capture_output=True, text=True, timeout=300,
+                       env=_hook_env(f"signal_while_writing:results.json,{sig}"))
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("flatbnn: ") or "Traceback" in ln]
+    assert p.returncode == code and lines == [f"flatbnn: stopped by {sig} while evaluating: nothing of this "
+                                              f"evaluation was kept; rerun the same command"], p.stderr[-3000:]
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before  # no temp file, no eval/<name>/

@@ -294,7 +294,8 @@ def run(p: Plan, *, budget_s: float, procs: int = 1, gpus: int = 0, margin_s: fl
     res = {"finished": [], "linked": [], "taken": [], "interrupted": [], "failed": {}, "not_started": [],
            "stopped": False}
     stop = {"signal": None}
-    old = {s: signal.signal(s, lambda signum, _f: stop.update(signal=signum)) for s in (signal.SIGTERM, signal.SIGINT)}
+    old = {s: signal.signal(s, lambda signum, _f: stop.update(signal=signum))
+           for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)}
     sent_at = None
     searches: dict[str, Path] = {}
     mps = start_mps() if gpus and procs > 1 else False

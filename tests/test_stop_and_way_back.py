@@ -572,3 +572,15 @@ def test_every_stop_line_continues_the_stopped_run_whatever_trainer_resume_it_wa
         assert f"resuming from {run}/checkpoints/last.pt {where}" in again.stderr, (start, again.stderr[-2000:])
         assert not (run / ".flatbnn" / "replaced").exists()  # nothing of the stopped run was moved aside
         _same_ending(run, straight3)
+
+
+def test_a_full_disk_at_start_is_one_line_naming_the_file_and_leaves_no_run_dir(tmp_path):
+    """Issue 54: a full disk when Hydra wrote .hydra/config.yaml left an empty config.yaml, an empty train.log and
+    outputs/<date>, and its line named no file. A refused run leaves no run dir; the line names what it could not write."""
+    work = tmp_path / "work"
+    work.mkdir()
+    p = _train(SMALL + ["trainer.epochs=1"], work, hook="disk_full_at_hydra_start")
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2 and len(lines) == 1, p.stderr[-3000:]
+    assert lines[0].startswith("flatbnn: error: cannot write ") and "/.hydra/config.yaml: No space left" in lines[0]
+    assert list((work / "outputs").iterdir()) == [], list((work / "outputs").rglob("*"))

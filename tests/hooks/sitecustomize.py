@@ -127,6 +127,21 @@ def _signal_while_writing(name: str, signum: str = "SIGTERM") -> None:
     atomic_io.atomic_write = patched
 
 
+def _disk_full_at_hydra_start() -> None:
+    """A full disk when Hydra writes the run dir's ``.hydra/config.yaml``: the file is created, its write fails (as
+    the flush of ``open(...).write`` does: an ENOSPC without a file name)."""
+    import errno
+
+    import hydra.core.utils as utils  # Hydra's run_job looks _save_config up here
+
+    def patched(cfg, filename, output_dir):
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / filename).touch()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    utils._save_config = patched
+
+
 def _signal_in(dotted: str, signum: str = "SIGTERM") -> None:
     """``signum`` to this process when ``module.function`` is called (e.g. while a campaign plans), then wait."""
     import importlib
@@ -155,6 +170,8 @@ elif _NAME == "disk_full_at_save":
     _disk_full_at_save(int(_ARG))
 elif _NAME == "signal_while_writing":
     _signal_while_writing(*_ARG.split(","))
+elif _NAME == "disk_full_at_hydra_start":
+    _disk_full_at_hydra_start()
 elif _NAME == "signal_in":
     _signal_in(*_ARG.split(","))
 elif _NAME == "hydra_files_rewritten":

@@ -217,6 +217,9 @@ def test_sigterm_to_reproduce_between_sweep_jobs_exits_75_without_a_comparison_f
     assert (out / "sgd" / "seed0" / "results.json").exists() and not (out / "sgd" / "seed1" / "results.json").exists()
     assert not (out / "comparison").exists(), err[-2000:]  # no comparison built from 1 of 2 runs
     assert any(ln.startswith("flatbnn: stopped by SIGTERM while no job was running") for ln in err.splitlines())
+    # issue 54 (cosmetic): it said "the running job checkpointed" though no job was running
+    assert "reproduce r: stopped (exit 75); it stopped between jobs or before the first step" in err, err[-2000:]
+    assert "checkpointed" not in err, err[-2000:]
 
 
 def test_ctrl_c_during_a_sweep_childs_imports_is_one_line_exit_130_and_no_comparison(tmp_path):

@@ -80,7 +80,10 @@ def _train_and_evaluate(b: Built, claim: "Claim", t_start: float, git_start: dic
         apply_resume_overrides(method, fresh, list(claim.changes))
         if info.is_main:  # the numbering of the stop line: epoch (1-based) in progress, steps done in it
             where = (f"after its {trainer.epoch} epochs (the final evaluation)" if trainer.epoch >= b.total_epochs
-                     else f"at epoch {trainer.epoch + 1}, step {trainer.step_in_epoch} of {b.steps_per_epoch}")
+                     else f"at epoch {trainer.epoch + 1}, step {trainer.step_in_epoch} of {b.steps_per_epoch}"
+                     if trainer.step_in_epoch <= b.steps_per_epoch else  # fewer steps an epoch now (resume_overrides)
+                     f"at the end of epoch {trainer.epoch + 1} ({trainer.step_in_epoch} steps of it done, more than "
+                     f"the {b.steps_per_epoch} an epoch has now: its end-of-epoch work, then epoch {trainer.epoch + 2})")
             RunReport(run_dir).note(
                 f"resuming from {ckpt} {where}"
                 + (f", with {', '.join(f'{k}={v[1]}' for k, v in claim.changes.items())} applied (was "

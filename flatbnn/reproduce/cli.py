@@ -108,8 +108,11 @@ def _run_row(name: str, args, extra: list[str]) -> int:
         unfinished = [k for k, v in summary["jobs"].items() if v["state"] not in ("done", "running")]
         rc = 1 if failed or (summary["returncode"] != 0 and unfinished) else 0
         if summary["returncode"] in (75, 130):  # stopped (signal / Ctrl-C): checkpointed, rerun to resume
-            print(f"reproduce {name}: stopped (exit {summary['returncode']}); the running job checkpointed: rerun "
-                  f"the same command to resume", file=sys.stderr)
+            done = summary.get("checkpointed") or []
+            what = (f"the running job ({', '.join(done)}) checkpointed" if done else
+                    "it stopped between jobs or before the first step (no job had a step to checkpoint)")
+            print(f"reproduce {name}: stopped (exit {summary['returncode']}); {what}: rerun the same command to go on",
+                  file=sys.stderr)
             return summary["returncode"]
     if not args.dry_run and not args.no_compare:
         root = _results_root(args)

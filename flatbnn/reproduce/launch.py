@@ -16,6 +16,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -570,7 +571,7 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
     rc = 0
     # one multirun (a job array) per stage: the cells that fine-tune another cell's run (spec: scales.<scale>.
     # init_from) after the others
-    commands = []
+    commands, checkpointed = [], []
     for stage in ([(c, s) for c, s in todo if not c.init_from], [(c, s) for c, s in todo if c.init_from]):
         if stage and stage[0][0].init_from:
             stage, rc = _with_finished_sources(stage, out, row, scale, dry_run, rc)
@@ -582,8 +583,10 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
         if not dry_run:
             if force:
                 cmd.append("trainer.resume=false")
+            started = time.time()
             rc = run_sweep(cmd) or rc
             if rc in (75, 130):  # stopped: the rerun resumes; dependents wait for their sources
+                checkpointed = [f"{c.id}/seed{s}" for c, s in stage if _checkpointed_since(out, c.id, s, started)]
                 break
     states = {f"{c.id}/seed{s}": (("done", archived_detail(on_record[c.id, s])) if (c.id, s) in on_record
                                   else _state_here(out, c.id, s)) for c, s in jobs}
@@ -592,10 +595,19 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
     summary = {"row": row.row, "scale": scale, "out": str(out), "returncode": rc,
                "command": commands[0] if commands else [], "commands": commands,
                "jobs": {k: {"state": st, "detail": d} for k, (st, d) in states.items()},
-               "blocked": blocked}
+               "blocked": blocked, "checkpointed": checkpointed}  # stopped: the jobs that wrote a checkpoint then
     if not dry_run:
         write_json(out / "launch.json", summary)
     return summary
+
+
+def _checkpointed_since(out: Path, cell_id: str, seed: int, t: float) -> bool:
+    """Did (cell, seed) write a checkpoint since ``t`` and not finish (a stopped sweep's running job)?"""
+    d = run_dir(out, cell_id, seed)
+    try:
+        return not (d / "results.json").exists() and (d / "checkpoints" / "last.pt").stat().st_mtime >= t
+    except OSError:
+        return False
 
 
 def _held_elsewhere(out: Path, jobs) -> dict[tuple[str, int], str]:

@@ -194,7 +194,30 @@ def resume_command(run_dir, extra: list[str] | tuple = ()) -> str | None:
             where = where.parent
     else:
         key, where = "hydra.run.dir", Path(run_dir).resolve()
-    return shlex.join(_program(_COMMAND[0]) + _replaced(_COMMAND[1:], [f"{key}={_hydra_value(str(where))}", *extra]))
+    args = _continuing(_COMMAND[1:], run_dir, sweep=hc.mode == RunMode.MULTIRUN)
+    return shlex.join(_program(_COMMAND[0]) + _replaced(args, [f"{key}={_hydra_value(str(where))}", *extra]))
+
+
+_RESUME_KEY = "trainer.resume"
+
+
+def _continuing(args, run_dir, *, sweep: bool = False) -> list[str]:
+    """``args`` with a ``trainer.resume`` override that would not continue the run in ``run_dir`` replaced by
+    ``trainer.resume=true`` (its own ``checkpoints/last.pt``): ``false`` would start it over, and a path -- another
+    run's checkpoint, or this dir's ``good.pt`` -- would go back to where it started, not to where it stopped. A path
+    stays only where the run has no checkpoint of its own yet (stopped before its first one: it starts there again)."""
+    from pathlib import Path
+
+    own = (Path(run_dir) / "checkpoints" / "last.pt").exists()
+    out = []
+    for a in args:
+        if _override_key(a) == _RESUME_KEY and "=" in a:
+            value = a.split("=", 1)[1].strip("'\"")
+            named_path = value.lower() not in ("true", "auto", "false", "none", "null", "")
+            if value.lower() not in ("true", "auto") and (sweep or own or not named_path):
+                a = f"{_RESUME_KEY}=true"
+        out.append(a)
+    return out
 
 
 _VALUE_FLAGS = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir")  # Hydra flags with a value
@@ -220,7 +243,8 @@ def member_command(run_dir, extra: list[str] | tuple = ()) -> str | None:
         if a in _VALUE_FLAGS:
             flags.append(next(rest, ""))
     pinned = [f"hydra.run.dir={_hydra_value(str(Path(run_dir).resolve()))}", *extra]
-    return shlex.join(_program(_COMMAND[0]) + flags + _replaced(HydraConfig.get().overrides.task, pinned))
+    args = _continuing(list(HydraConfig.get().overrides.task), run_dir)
+    return shlex.join(_program(_COMMAND[0]) + flags + _replaced(args, pinned))
 
 
 def _closest(word: str, options, n: int = 3) -> list[str]:
@@ -369,11 +393,61 @@ def install_hydra_error_handler() -> None:
             line = hydra_error_line(e)
             if line is None:
                 return original(functools.partial(_reraise, e))  # `e` is unbound once the except ends
+            if isinstance(e, OSError):  # e.g. a full disk while Hydra writes .hydra/: what it made goes again
+                _remove_refused_run_dir()
             print(f"flatbnn: error: {line}", file=sys.stderr)
             sys.exit(EXIT_CONFIG)
 
     run_and_report._flatbnn = True
     hydra_utils.run_and_report = run_and_report
+    _name_the_file_of_save_config()
+
+
+def _name_the_file_of_save_config() -> None:
+    """Hydra writes ``.hydra/*.yaml`` with ``open(...).write``: on a full disk the ``OSError`` comes from the write
+    (the flush at close) and carries no file name, so the one line would say "cannot write: No space left" and not
+    where. This names the file in it."""
+    try:
+        import hydra.core.utils as hydra_core_utils
+    except ImportError:
+        return
+    original = getattr(hydra_core_utils, "_save_config", None)
+    if original is None or getattr(original, "_flatbnn", False):
+        return
+
+    def save_config(cfg, filename, output_dir):
+        try:
+            return original(cfg, filename, output_dir)
+        except OSError as e:
+            if e.filename is None:
+                e.filename = str(output_dir) + "/" + str(filename)
+            _SETUP_FAILED.update(_job_dir())  # Hydra puts its pre-job config back before the error reaches us
+            raise
+
+    save_config._flatbnn = True
+    hydra_core_utils._save_config = save_config
+
+
+_SETUP_FAILED: dict = {}  # the plain run whose .hydra/ Hydra could not write: its dir and dated parents
+
+
+def _job_dir() -> dict:
+    """``{"dir", "dated"}`` of the job Hydra is setting up now (a plain run; a sweep member's dir is not removed)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.RUN:
+            return {"dir": HydraConfig.get().runtime.output_dir, "dated": dated_run_dir_parents()}
+    except Exception:  # noqa: BLE001 -- no job config: nothing to remove
+        pass
+    return {}
+
+
+def _remove_refused_run_dir() -> None:
+    """A plain run whose set-up failed in Hydra (its ``.hydra/*.yaml`` could not be written) leaves only what Hydra
+    made for it -- empty config files, an empty train.log, ``outputs/<date>``: removed, as for any refused run."""
+    if _SETUP_FAILED.get("dir"):
+        remove_stray_run_dir(_SETUP_FAILED["dir"], _SETUP_FAILED.get("dated", 0))
 
 
 def _reraise(e: BaseException):

@@ -234,39 +234,67 @@ def evaluate_run(run: Path, args: list[str], name: str | None = None) -> dict | 
                         f"{', step ' + str(state['step_in_epoch']) if state.get('step_in_epoch') else ''} of {total}; "
                         f"finish it first (rerun its train.py command: it resumes)")
 
-    b = build(cfg, run_dir=out, training=False)
-    b.method.load_state_dict(state["method"])
-    # the RNG streams as they stood after training, where train.py's final evaluation began
-    rng = state["rng"][0]
-    set_global_rng_state(rng["global"])
-    if rng.get("generator") is not None:
-        try:
-            b.generator.set_state(rng["generator"])
-        except (RuntimeError, TypeError):  # trained on another device type: its stream cannot be carried over
-            pass
-    metrics, predictive = final_evaluate(b)
-    results = None
-    if b.info.is_main:
-        model_name, train_overrides = _run_info(run, cfg)
-        meta = results_meta(b, steps=state["global_step"], train_seconds=state["elapsed"],
-                            wall_seconds=time.perf_counter() - t0, overrides=train_overrides,
-                            model_name=model_name, run_dir=run, world_size=state.get("world_size", 1))
-        meta["init_from"] = _init_from(run, cfg)
-        meta["evaluated_from"] = {"run_dir": str(run), "checkpoint": str(ckpt_path), "epoch": state["epoch"],
-                                  "global_step": state["global_step"], "name": name, "overrides": applied,
-                                  "out_dir": str(out)}
-        results = {"metrics": metrics, "meta": meta}
-        write_json(out / "results.json", results)
-        if cfg.trainer.get("reliability_diagram", False):
-            save_reliability_diagram(predictive["test"].exp(), b.test_targets, out / "reliability.png", b.eval_cfg)
-        shown = {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float) and k != "eval_seconds"}
-        print(f"{out / 'results.json'}: num_samples={metrics['num_samples']} {shown}")
-    D.barrier(b.info)
-    D.cleanup(b.info)
-    return results
+    made = [d for d in (out.parent, out) if not d.exists()]  # what this evaluation creates
+    try:
+        b = build(cfg, run_dir=out, training=False)
+        b.method.load_state_dict(state["method"])
+        # the RNG streams as they stood after training, where train.py's final evaluation began
+        rng = state["rng"][0]
+        set_global_rng_state(rng["global"])
+        if rng.get("generator") is not None:
+            try:
+                b.generator.set_state(rng["generator"])
+            except (RuntimeError, TypeError):  # trained on another device type: its stream cannot be carried over
+                pass
+        metrics, predictive = final_evaluate(b)
+        results = None
+        if b.info.is_main:
+            model_name, train_overrides = _run_info(run, cfg)
+            meta = results_meta(b, steps=state["global_step"], train_seconds=state["elapsed"],
+                                wall_seconds=time.perf_counter() - t0, overrides=train_overrides,
+                                model_name=model_name, run_dir=run, world_size=state.get("world_size", 1))
+            meta["init_from"] = _init_from(run, cfg)
+            meta["evaluated_from"] = {"run_dir": str(run), "checkpoint": str(ckpt_path), "epoch": state["epoch"],
+                                      "global_step": state["global_step"], "name": name, "overrides": applied,
+                                      "out_dir": str(out)}
+            results = {"metrics": metrics, "meta": meta}
+            write_json(out / "results.json", results)
+            if cfg.trainer.get("reliability_diagram", False):
+                save_reliability_diagram(predictive["test"].exp(), b.test_targets, out / "reliability.png", b.eval_cfg)
+            shown = {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float) and k != "eval_seconds"}
+            print(f"{out / 'results.json'}: num_samples={metrics['num_samples']} {shown}")
+        D.barrier(b.info)
+        D.cleanup(b.info)
+        return results
+    except BaseException:  # stopped (or failed) before its results.json: no empty eval dir stays behind
+        for d in reversed(made):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
+    from flatbnn.cli import exit_on_stop_signals
+
+    # a stop signal (Ctrl-C, a job's time limit) is one line and 75 / 130; the write of results.json removes its temp
+    # file on the way out (flatbnn/atomic_io.py) and evaluate_run an eval dir it made, so a rerun starts clean
+    import signal
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP,
+                                                        signal.SIGINT)}
+    exit_on_stop_signals("while evaluating: nothing of this evaluation was kept; rerun the same command")
+    try:
+        return _main(argv)
+    finally:  # called from Python (a test, a notebook): its own handlers again
+        for sig, old in previous.items():
+            try:
+                signal.signal(sig, old)
+            except (ValueError, TypeError):  # not the main thread / a handler not set from Python
+                pass
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if any(a in ("-h", "--help") for a in argv):
         # the examples as this command is called (python evaluate.py / flatbnn-eval)

@@ -96,6 +96,7 @@ KEY_ROLES: dict[str, Role] = {
     "trainer.dist_timeout_s": RUNTIME,       # how long a collective may stall before the run stops
     "trainer.resume": BOOKKEEPING,
     "trainer.resume_overrides": ORIGIN,      # a resumed run whose values changed is not a fresh run's seed
+    "trainer.resume_data_changed": BOOKKEEPING,  # whether a resume may go on with other data (then in meta.resume_changes)
     "trainer.init_from": ORIGIN,             # weights to start from (a resumed run ignores it)
     "trainer.init_key": ORIGIN,
     "trainer.weights_required": RUNTIME,     # a check that the weights are given, not what they are

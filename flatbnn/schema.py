@@ -146,6 +146,7 @@ class TrainerConfig(Checked):
     # true / false / a checkpoint path; a list of keys; a path; an entry name: checked where they are read
     resume: Any = MISSING
     resume_overrides: Any = MISSING
+    resume_data_changed: str | None = field(default=MISSING, metadata={"check": check(choices=("ok",))})
     init_from: Any = MISSING
     init_key: Any = MISSING
     weights_required: str | None = MISSING  # a config key; checked by engine/validate.check_weights

@@ -45,6 +45,7 @@ def _nonzero_rank_overrides() -> None:
 
 EXIT_FAILED = 1  # a failed run or sweep member; a DDP peer that stalled, died or never arrived
 FAILED_JOBS: list[tuple[str, str]] = []  # (run dir, one line) of the failed members of a --multirun sweep
+LEFT_JOBS: list[tuple[str, str]] = []  # (run dir, holder) of the members another live process trains: not failures
 
 
 def _in_multirun() -> bool:
@@ -181,6 +182,10 @@ def _failed(e: Exception, msg: str | None, dist_line: str | None, run_dir_from_h
     detail = traceback.format_exc()
     line = msg or f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
     from flatbnn.engine.lock import RunDirLocked
+    if isinstance(e, RunDirLocked) and e.holder:  # another launcher (or a user's run) trains it now: its job, not
+        print(f"flatbnn: {run_dir}: left to {e.holder}, which trains it now", file=sys.stderr)  # a failure of ours
+        LEFT_JOBS.append((str(run_dir), e.holder))
+        return
     from flatbnn.engine.run_dir import ResumeConfigMismatch
     # a refused member does not own its run dir (another process holds it, or it is another config's run):
     # it writes nothing there, the line below and the summary at the end say why
@@ -204,6 +209,11 @@ def cli() -> None:
     _nonzero_rank_overrides()
     install_hydra_error_handler()  # an unknown key / group option, a bad override: one line, exit 2
     main()
+    if LEFT_JOBS:
+        print(f"flatbnn: {len(LEFT_JOBS)} sweep member(s) left to the processes that train them now (rerun the sweep "
+              f"after they end; finished members are skipped):", file=sys.stderr)
+        for run_dir, holder in LEFT_JOBS:
+            print(f"  {run_dir}: {holder}", file=sys.stderr)
     exit_if_members_failed(FAILED_JOBS)
 
 

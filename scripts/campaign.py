@@ -67,6 +67,32 @@ def main(argv=None) -> int:
     argv, extra = split_after_double_dash(list(sys.argv[1:] if argv is None else argv))
     args = ap.parse_args(argv)
 
+    import signal
+
+    # a stop signal outside the jobs' run (campaign.run has its own: it stops the jobs, which checkpoint): one line,
+    # 75 (130 for Ctrl-C), no traceback -- nothing of a job is lost, the rerun goes on where this call stood
+    phase = {"now": "while planning (no job was started)"}
+    exit_stopped = 75  # flatbnn.reproduce.campaign.EXIT_STOPPED (imported in _main: it takes seconds)
+
+    def stopped(signum, frame):
+        print(f"campaign: stopped by {signal.Signals(signum).name} {phase['now']}; rerun the same command",
+              file=sys.stderr, flush=True)
+        raise SystemExit(130 if signum == signal.SIGINT else exit_stopped)
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        try:
+            previous[sig] = signal.signal(sig, stopped)
+        except ValueError:  # main() called from another thread: its caller's signals stay its own
+            pass
+    try:
+        return _main(args, extra, phase)
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _main(args, extra: list[str], phase: dict) -> int:
     import os
     import time
 
@@ -118,8 +144,11 @@ def main(argv=None) -> int:
         if linked:
             print(f"campaign: {len(linked)} job(s) linked to other rows' identical finished runs", file=sys.stderr)
         print(campaign.describe(p, budget_s, procs * max(1, gpus)), file=sys.stderr)
+        phase["now"] = "while starting the jobs"
         res = campaign.run(p, budget_s=budget_s, procs=procs, gpus=gpus, margin_s=margin, results_root=args.results,
                            started=started)
+        phase["now"] = ("while writing the comparisons (every job had ended: finished ones are recorded, the others "
+                        "resume on the rerun)")
         touched = list({j.row.row: j.row for j in p.jobs + [t for t, _ in p.follow.values()]}.values()) + \
             [load_row(n) for n in dict.fromkeys(x.split("/", 1)[0] for x in linked)]
         touched = list({r.row: r for r in touched}.values())

@@ -190,6 +190,28 @@ def test_nan_and_missing_metrics_are_left_out_and_counted(tmp_path, capsys):
     assert "left out of the mean, std and tests and counted" in out  # the policy, said in the table's note
 
 
+def test_a_null_metric_in_the_only_run_keeps_its_column_and_says_non_finite(tmp_path, capsys):
+    """Issue 54: a null accuracy in the only run dropped the column from the table (as if never computed)."""
+    write_run(tmp_path / "runs" / "s0", 0, metrics={"accuracy": None})
+    rows, out = rows_of(tmp_path, capsys)
+    head, _, line = [ln for ln in out.splitlines() if ln.startswith("|")][:3]
+    assert "acc %" in head and "| nan [1/1 non-finite] |" in line, out
+    assert rows[0]["accuracy"] == [None, None] and "auroc_ood" not in rows[0]["stats"]  # never written: no column
+
+
+def test_a_results_json_without_meta_is_labelled_from_its_hydra_files(tmp_path, capsys):
+    """Issue 54: a results.json without meta got a '? | ? | ?' row though its .hydra/config.yaml was there. Its
+    labels come from the group options Hydra chose (hydra.yaml; train.py's meta uses them), else the config."""
+    run = write_run(tmp_path / "runs" / "s0", 0, cfg={"flatness": {"_target_": "flatbnn.flatness.sam.SAM", "rho": 0.1}})
+    (run / "results.json").write_text(json.dumps({"metrics": {"accuracy": 0.5, "nll": 1.0}}))
+    (run / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(
+        {"hydra": {"runtime": {"choices": {"dataset": "digits", "model": "mlp_small", "method": "map"}}}}))
+    _, out = rows_of(tmp_path, capsys)
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("| digits")]
+    assert line.startswith("| digits | mlp_small | map | sam(rho=0.1) |") and "10 ep" in line and "batch 64" in line, out
+    assert "?" not in line.split("|")[1:5]
+
+
 # ------------------------------------------------------------------------------------------- errors and failures
 
 

@@ -32,6 +32,26 @@ def _row(rows_dir: Path, scale: str = "paper") -> None:
          "seeds": [0], "scales": {scale: {"overrides": []}, "smoke": {"overrides": []}}}))
 
 
+def _train_rows(tmp_path, monkeypatch, rows: dict[str, dict[str, list[str]]], seeds=(0,),
+                default_outputs: Path | None = None) -> tuple[Path, Path]:
+    """Train rows ``{row: {cell: overrides}}`` (axis method, ``BASE``, a paper and a smoke scale) in a rows dir of their
+    own, with runs under ``tmp_path/o`` (also the launcher's default outputs, unless ``default_outputs`` names
+    another), records under ``tmp_path/r`` and no measured rates. Returns (runs root, records root)."""
+    rows_dir = tmp_path / "rows"
+    rows_dir.mkdir()
+    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
+    monkeypatch.setattr(cost, "RECORDS_ROOT", tmp_path / "no_records")
+    out_root, results = tmp_path / "o", tmp_path / "r"
+    monkeypatch.setattr(launch, "OUTPUT_ROOT", default_outputs or out_root)
+    monkeypatch.setattr(archive, "ARCHIVE_ROOT", results)
+    for name, cells in rows.items():
+        (rows_dir / f"{name}.yaml").write_text(yaml.safe_dump(
+            {"row": name, "paper": "none", "title": name, "kind": "train", "axes": ["method"], "base": BASE,
+             "values": {"method": cells}, "seeds": list(seeds), "scales": {"paper": {"overrides": []},
+                                                                          "smoke": {"overrides": []}}}))
+    return out_root, results
+
+
 def _clock_stopping_when(cond):
     """A monotonic clock that jumps past any deadline once ``cond()`` holds: the budget runs out at a known point
     of the run (after the short cell finished and the long one trained an epoch) on a loaded 2-core machine too."""
@@ -82,7 +102,7 @@ def test_budget_interrupts_a_cell_and_the_archive_finishes_it_elsewhere_with_the
     assert "**Progress: 2/2 cells done" in (res2 / "tiny" / "paper.md").read_text()
     with tarfile.open(tgz2) as t:  # nothing left unfinished: only the records and the comparison travel on
         assert not [n for n in t.getnames() if n.startswith("runs/")] and "results/tiny/paper.md" in t.getnames()
-    log = (out2 / "tiny" / "paper" / ".campaign" / "long__s0.log").read_text()
+    log = (out2 / "tiny" / "paper" / ".campaign" / f"long__s0.pid{os.getpid()}.log").read_text()  # this process's
     assert "resum" in log.lower(), log[-2000:]   # it continued from the checkpoint, not from scratch
 
     # the uninterrupted reference: what `scripts/reproduce.py run tiny --scale paper` does
@@ -295,20 +315,9 @@ def test_linking_composes_each_cell_with_its_own_step_overrides(tmp_path, monkey
     the window's campaign died before its first job ('Could not override flatness.batched_chunks', H100, bedcb58)."""
     from omegaconf import OmegaConf
 
-    rows_dir = tmp_path / "rows"
-    rows_dir.mkdir()
-    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
-    monkeypatch.setattr(cost, "RECORDS_ROOT", tmp_path / "no_records")
-    out_root, results = tmp_path / "o", tmp_path / "r"
-    monkeypatch.setattr(launch, "OUTPUT_ROOT", out_root)
-    monkeypatch.setattr(archive, "ARCHIVE_ROOT", results)
     plain = ["flatness=none", "trainer.epochs=4"]
-    for name, cells in [("src", {"plain": plain}),
-                        ("dst", {"sam": ["flatness=sam", "trainer.epochs=1"], "plain": plain})]:  # SAM: cheaper, first
-        (rows_dir / f"{name}.yaml").write_text(yaml.safe_dump(
-            {"row": name, "paper": "none", "title": name, "kind": "train", "axes": ["method"], "base": BASE,
-             "values": {"method": cells}, "seeds": [0], "scales": {"paper": {"overrides": []},
-                                                                    "smoke": {"overrides": []}}}))
+    out_root, results = _train_rows(tmp_path, monkeypatch, {  # dst's SAM cell: cheaper, first
+        "src": {"plain": plain}, "dst": {"sam": ["flatness=sam", "trainer.epochs=1"], "plain": plain}})
     src = launch.run_dir(out_root / "src" / "paper", "plain", 0)  # src's finished plain run: dst/plain is the same
     src.mkdir(parents=True)
     resolved = OmegaConf.to_container(launch.compose_cell(list(BASE) + plain + ["seed=0"]), resolve=True)
@@ -330,19 +339,10 @@ def test_a_dry_run_shows_what_linking_would_take_off_the_queue_and_links_nothing
     bsam_t6's MNIST bSAM cell is bsam_t3's, ~89 CPU-minutes a seed that the dry run counted and the run never spent."""
     from omegaconf import OmegaConf
 
-    rows_dir = tmp_path / "rows"
-    rows_dir.mkdir()
-    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
-    monkeypatch.setattr(cost, "RECORDS_ROOT", tmp_path / "no_records")
-    out_root, results = tmp_path / "o", tmp_path / "r"
-    monkeypatch.setattr(launch, "OUTPUT_ROOT", tmp_path / "default_outputs")  # the runs live under --out
-    monkeypatch.setattr(archive, "ARCHIVE_ROOT", results)
     plain = ["flatness=none", "trainer.epochs=4"]
-    for name, cells in [("src", {"plain": plain}), ("dst", {"sam": ["flatness=sam"], "plain": plain})]:
-        (rows_dir / f"{name}.yaml").write_text(yaml.safe_dump(
-            {"row": name, "paper": "none", "title": name, "kind": "train", "axes": ["method"], "base": BASE,
-             "values": {"method": cells}, "seeds": [0], "scales": {"paper": {"overrides": []},
-                                                                    "smoke": {"overrides": []}}}))
+    out_root, results = _train_rows(tmp_path, monkeypatch, {"src": {"plain": plain},
+                                                            "dst": {"sam": ["flatness=sam"], "plain": plain}},
+                                    default_outputs=tmp_path / "default_outputs")  # the runs live under --out
     src = launch.run_dir(out_root / "src" / "paper", "plain", 0)
     src.mkdir(parents=True)
     resolved = OmegaConf.to_container(launch.compose_cell(list(BASE) + plain + ["seed=0"]), resolve=True)
@@ -397,19 +397,9 @@ def test_an_interrupted_run_is_priced_by_the_epochs_it_has_left(tmp_path, monkey
 def test_a_run_two_rows_share_trains_once_and_the_other_row_links_it_when_it_finishes(tmp_path, monkeypatch):
     """Rows share training runs (bsam_t6's MNIST bSAM cell is bsam_t3's; vsam_t4's cells are vsam_t3's). Linking
     saw only FINISHED runs, so one campaign over both rows queued each shared run twice and trained it twice."""
-    rows_dir = tmp_path / "rows"
-    rows_dir.mkdir()
-    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
-    monkeypatch.setattr(cost, "RECORDS_ROOT", tmp_path / "no_records")
-    out_root, results = tmp_path / "o", tmp_path / "r"
-    monkeypatch.setattr(launch, "OUTPUT_ROOT", out_root)
-    monkeypatch.setattr(archive, "ARCHIVE_ROOT", results)
     plain, other = ["flatness=none", "trainer.epochs=1"], ["flatness=none", "trainer.epochs=2"]
-    for name, cells in [("a", {"plain": plain}), ("b", {"plain": plain, "other": other})]:
-        (rows_dir / f"{name}.yaml").write_text(yaml.safe_dump(
-            {"row": name, "paper": "none", "title": name, "kind": "train", "axes": ["method"], "base": BASE,
-             "values": {"method": cells}, "seeds": [0], "scales": {"paper": {"overrides": []},
-                                                                    "smoke": {"overrides": []}}}))
+    out_root, results = _train_rows(tmp_path, monkeypatch, {"a": {"plain": plain}, "b": {"plain": plain, "other": other}})
+    rows_dir = tmp_path / "rows"
     p = campaign.plan(["a", "b"], device="cpu", out_root=out_root, results_root=results)
     assert [j.name for j in p.jobs] == ["a/plain/seed0", "b/other/seed0"]
     assert {n: lead.name for n, (_, lead) in p.follow.items()} == {"b/plain/seed0": "a/plain/seed0"}
@@ -440,19 +430,8 @@ def test_a_run_another_process_trains_now_is_left_to_it_and_so_is_its_twin_in_an
 
     from flatbnn.engine.lock import RunDirLock
 
-    rows_dir = tmp_path / "rows"
-    rows_dir.mkdir()
-    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
-    monkeypatch.setattr(cost, "RECORDS_ROOT", tmp_path / "no_records")
-    out_root, results = tmp_path / "o", tmp_path / "r"
-    monkeypatch.setattr(launch, "OUTPUT_ROOT", out_root)
-    monkeypatch.setattr(archive, "ARCHIVE_ROOT", results)
     plain, other = ["flatness=none", "trainer.epochs=3"], ["flatness=none", "trainer.epochs=2"]
-    for name, cells in [("a", {"plain": plain}), ("b", {"plain": plain, "other": other})]:
-        (rows_dir / f"{name}.yaml").write_text(yaml.safe_dump(
-            {"row": name, "paper": "none", "title": name, "kind": "train", "axes": ["method"], "base": BASE,
-             "values": {"method": cells}, "seeds": [0], "scales": {"paper": {"overrides": []},
-                                                                    "smoke": {"overrides": []}}}))
+    out_root, results = _train_rows(tmp_path, monkeypatch, {"a": {"plain": plain}, "b": {"plain": plain, "other": other}})
     running = launch.run_dir(out_root / "a" / "paper", "plain", 0)
     running.mkdir(parents=True)
     (running / "config_resolved.yaml").write_text(yaml.safe_dump(OmegaConf.to_container(
@@ -462,7 +441,7 @@ def test_a_run_another_process_trains_now_is_left_to_it_and_so_is_its_twin_in_an
         p = campaign.plan(["a", "b"], device="cpu", out_root=out_root, results_root=results)
         assert [j.name for j in p.jobs] == ["b/other/seed0"] and not p.follow
         why = {s[0]: s[1] for s in p.skipped}
-        assert why["a/plain/seed0"].startswith(f"pid {os.getpid()} on host ") and "trains it now" in why["a/plain/seed0"]
+        assert why["a/plain/seed0"].startswith(f"left to pid {os.getpid()} on host ") and "trains it now" in why["a/plain/seed0"]
         assert why["b/plain/seed0"].startswith(f"the same training run as {running}, which pid {os.getpid()}")
     finally:
         lock.release()
@@ -476,19 +455,8 @@ def test_a_shared_run_a_third_row_already_finished_is_linked_into_both_queued_ro
     for a lead that linking had taken off the queue, and was never linked)."""
     from omegaconf import OmegaConf
 
-    rows_dir = tmp_path / "rows"
-    rows_dir.mkdir()
-    monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
-    monkeypatch.setattr(cost, "RECORDS_ROOT", tmp_path / "no_records")
-    out_root, results = tmp_path / "o", tmp_path / "r"
-    monkeypatch.setattr(launch, "OUTPUT_ROOT", out_root)
-    monkeypatch.setattr(archive, "ARCHIVE_ROOT", results)
     plain = ["flatness=none", "trainer.epochs=3"]
-    for name in ("a", "b", "c"):
-        (rows_dir / f"{name}.yaml").write_text(yaml.safe_dump(
-            {"row": name, "paper": "none", "title": name, "kind": "train", "axes": ["method"], "base": BASE,
-             "values": {"method": {"plain": plain}}, "seeds": [0],
-             "scales": {"paper": {"overrides": []}, "smoke": {"overrides": []}}}))
+    out_root, results = _train_rows(tmp_path, monkeypatch, {name: {"plain": plain} for name in ("a", "b", "c")})
     src = launch.run_dir(out_root / "c" / "paper", "plain", 0)
     src.mkdir(parents=True)
     (src / "config_resolved.yaml").write_text(yaml.safe_dump(OmegaConf.to_container(
@@ -535,3 +503,101 @@ def test_a_job_another_campaign_took_after_the_plan_is_left_to_it_not_failed(tmp
     assert r["finished"] == ["tiny/short/seed0"] and not r["failed"]
     assert r["taken"] == ["tiny/short/seed1", "tiny/short/seed2"]
     assert not (busy / "metrics.jsonl").exists()  # nothing trained into the held run dir
+
+
+FAKE_TRAIN = """import json, sys, time
+from pathlib import Path
+run = Path(sys.argv[1])
+time.sleep(1.0)  # train.py's imports: the window in which a second scheduler used to start the same job
+from flatbnn.engine.lock import RunDirLock, RunDirLocked
+try:
+    lock = RunDirLock(run).acquire()  # as engine/run_dir.py claims it (a campaign's child takes its parent's over)
+except RunDirLocked as e:
+    print(f"flatbnn: error: {e}", file=sys.stderr)
+    sys.exit(2)
+with open(sys.argv[2], "a") as f:
+    f.write(f"{run}\\n")
+time.sleep(1.0)
+meta = {"seed": 0, "dataset": "digits", "model": "mlp", "budget": {"epochs": 1, "train_size": 8, "test_size": 8, "global_batch": 8, "precision": "fp32"},
+        "hardware": {"device": "cpu", "torch": "2"}, "git": {"commit": "abc", "dirty": False}, "train_seconds": 1.0}
+(run / "results.json").write_text(json.dumps({"metrics": {"accuracy": 0.5, "nll": 1.0, "ece": 0.1}, "meta": meta}))
+lock.release()
+"""
+
+DRIVER = """import sys, time
+from pathlib import Path
+from flatbnn.reproduce import archive, campaign, cost, launch, spec
+tmp, me = Path(sys.argv[1]), sys.argv[2]
+spec.ROWS_DIR, cost.RECORDS_ROOT = tmp / "rows", tmp / "no_records"
+launch.OUTPUT_ROOT, archive.ARCHIVE_ROOT = tmp / "o", tmp / "r"
+cost.estimate = lambda cfg, device: cost.Estimate(1.0, cost.Rate(1.0, "assumed: test", False))  # no FLOP count
+campaign._command = lambda job, search: [sys.executable, str(tmp / "fake_train.py"), str(job.run),
+                                         str(tmp / "trainings.txt")]
+run = campaign.run
+def together(*args, **kwargs):  # both planned the same queue; both start it now
+    (tmp / f"ready.{me}").touch()
+    while len(list(tmp.glob("ready.*"))) < 2:
+        time.sleep(0.02)
+    return run(*args, **kwargs)
+campaign.run = together
+sys.path.insert(0, sys.argv[3])
+import campaign as campaign_cli
+sys.exit(campaign_cli.main(["--rows", "tiny", "--minutes", "30", "--device", "cpu", "--procs", "1",
+                            "--out", str(tmp / "o"), "--results", str(tmp / "r")]))
+"""
+
+
+def test_two_campaigns_on_one_out_both_exit_0_and_every_job_trains_once(tmp_path, monkeypatch):
+    """Issue 54: two campaigns on one --out both exited 1, each with jobs 'FAILED (exit 2)': both had started the same
+    job before either's train.py took its run-dir lock, and both appended to one .campaign/<cell>__s<k>.log. Now a
+    campaign takes the lock itself before starting a job (its train.py takes it over): of two, one starts each job,
+    the other skips it 'left to pid N'; logs are per process. Tiny fake jobs (they take the lock as train.py does)."""
+    import subprocess
+
+    _train_rows(tmp_path, monkeypatch, {"tiny": {"a": ["trainer.epochs=1"], "b": ["trainer.epochs=2"]}}, seeds=(0, 1))
+    (tmp_path / "fake_train.py").write_text(FAKE_TRAIN)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+        [str(REPO), str(REPO / "tests")] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    procs = [subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path), str(i), str(REPO / "scripts")], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for i in (1, 2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    errs = [err for _, err in outs]
+    assert [p.returncode for p in procs] == [0, 0], errs
+    trained = (tmp_path / "trainings.txt").read_text().splitlines()
+    assert sorted(trained) == sorted({str(launch.run_dir(tmp_path / "o" / "tiny" / "paper", c, s))
+                                      for c in ("a", "b") for s in (0, 1)}), trained  # each job once
+    assert not any("FAILED" in e for e in errs) and any("left to pid " in e for e in errs), errs
+    logs = sorted(p.name for p in (tmp_path / "o" / "tiny" / "paper" / ".campaign").iterdir())
+    assert len(logs) == 4 and {n.split(".pid")[1] for n in logs} <= {f"{p.pid}.log" for p in procs}, logs
+
+
+@pytest.mark.parametrize("sig, code", [("SIGTERM", 75), ("SIGINT", 130)])
+def test_a_stop_signal_while_the_campaign_plans_is_one_line_and_its_code(tmp_path, sig, code):
+    """Issue 54: SIGTERM to campaign.py while it planned died with 143 and no line (docs/cluster.md promises a stop,
+    exit 75). Now one line, 75 (130 for Ctrl-C), nothing started."""
+    import subprocess
+
+    hooks = str(REPO / "tests" / "hooks")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FLATBNN_TEST_HOOK": f"signal_in:flatbnn.reproduce.campaign.plan,{sig}",
+           "PYTHONPATH": os.pathsep.join([str(REPO), hooks] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "campaign.py"), "--rows", "bsam_t6", "--minutes", "5",
+                        "--device", "cpu", "--out", str(tmp_path / "o"), "--results", str(tmp_path / "r")],
+                       cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == code and lines == [f"campaign: stopped by {sig} while planning (no job was started); "
+                                              f"rerun the same command"], p.stderr[-3000:]
+    assert not (tmp_path / "o").exists() and not (tmp_path / "r").exists()
+
+
+def test_a_bad_override_value_after_the_double_dash_stops_the_campaign_before_it_plans_a_job(tmp_path, monkeypatch,
+                                                                                             capsys):
+    """Issue 54 item 5, for the campaign: ``-- optimizer.lr=fast`` is one line and exit 2, not a failure of every job."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import campaign as campaign_cli
+
+    _train_rows(tmp_path, monkeypatch, {"tiny": {"a": ["trainer.epochs=1"]}})
+    rc = campaign_cli.main(["--rows", "tiny", "--minutes", "5", "--device", "cpu", "--out", str(tmp_path / "o"),
+                            "--results", str(tmp_path / "r"), "--", "optimizer.lr=fast"])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert rc == 2 and len(err) == 1 and "optimizer.lr='fast': must be a number" in err[0], err
+    assert not (tmp_path / "o").exists()

@@ -408,3 +408,36 @@ def test_real_cifar10_archive_subset(tmp_path):
                for s, d in (("train", b.train), ("test", b.test))}
     assert digests == {"train": "93296497e461b875a8655696960f5142d94b28a336710265893af6b28da4713d",
                        "test": "595b975df1dc1ad6b978e708fe3b66a6c65ecda4c90586928f0f48e939f04cf4"}, digests
+
+
+def test_the_data_fingerprint_names_what_changed_in_files_read_on_access_and_in_npy_rows(tmp_path, monkeypatch):
+    """flatbnn/data/fingerprint.py: image files decoded on access are fingerprinted by their listing and each file's
+    size and mtime (every k-th beyond STAT_LIMIT files), .npy rows by the file's size / mtime and the rows; the
+    differences name the split and what changed (a resume on other data is refused with them: issue 54)."""
+    from PIL import Image
+
+    from flatbnn.data import fingerprint as F
+    from flatbnn.data.cifar10_c import NpyImageDataset
+    from flatbnn.data.imagefolder import ImageFileDataset
+
+    for i in range(4):
+        Image.fromarray(np.full((4, 4, 3), 10 * i, np.uint8)).save(tmp_path / f"{i}.png")
+    files = ImageFileDataset(tmp_path, [f"{i}.png" for i in range(4)], [0, 1, 0, 1], [0.5] * 3, [0.2] * 3,
+                             size=(4, 4))
+    np.save(tmp_path / "rows.npy", np.zeros((5, 2, 2, 3), np.uint8))
+    rows = NpyImageDataset(tmp_path / "rows.npy", np.arange(3), [0, 1, 2], [0.5] * 3, [0.2] * 3)
+    bundle = type("B", (), {"train": files, "test": rows, "val": None, "ood": {}, "shift": {}})()
+    before = F.fingerprint(bundle)
+    assert before["splits"]["train"]["kind"] == "files" and before["splits"]["test"]["kind"] == "npy"
+    assert F.differences(before, F.fingerprint(bundle)) == []
+    Image.fromarray(np.full((4, 4, 3), 99, np.uint8)).save(tmp_path / "2.png")   # same name, other image
+    os.utime(tmp_path / "2.png", ns=(1, 1))
+    [line] = F.differences(before, F.fingerprint(bundle))
+    assert line.startswith("train: file sizes / mtimes changed") and line.endswith("4 examples)"), line
+    bundle.train = files.subset([0, 1, 3])                                          # another subset
+    assert F.differences(before, F.fingerprint(bundle))[0] == "train: 4 -> 3 examples"
+    bundle.train, bundle.test = files, NpyImageDataset(tmp_path / "rows.npy", np.array([0, 1, 4]), [0, 1, 2],
+                                                        [0.5] * 3, [0.2] * 3)        # other rows of the same file
+    assert F.differences(before, F.fingerprint(bundle))[-1].startswith("test: the rows or labels changed")
+    monkeypatch.setattr(F, "STAT_LIMIT", 2)  # a big folder: every 3rd file stat'ed, and the fingerprint says so
+    assert F.split_fingerprint(files)["stat_every"] == 3

@@ -311,3 +311,49 @@ def test_an_override_of_a_method_owned_schedule_key_rebuilds_the_schedule():
     resumed, fresh = trained(power, 0.1, 9), trained(power, 0.02, 9)
     apply_resume_overrides(resumed, optimizer_snapshot(trained(power, 0.02, 0)), ["optimizer.lr"])
     assert resumed.optimizer.param_groups[0]["lr"] == fresh.optimizer.param_groups[0]["lr"]
+
+
+# ------------------------------------------------------------------ 8. the data a run trained on
+def _swap_train_images(root):
+    """The fake MNIST's training images replaced by others: same file names, sizes and count, other pixels."""
+    from flatbnn.data.mnist import idx_bytes, read_idx
+    f = root / "MNIST" / "raw" / "train-images-idx3-ubyte"
+    x = read_idx(f)
+    f.write_bytes(idx_bytes(255 - x))
+
+
+def test_a_resume_on_swapped_training_images_is_refused_in_one_line_unless_allowed_and_then_recorded(tmp_path):
+    """Issue 54: a resumed run whose data files changed (same names and count, other images) went on silently with
+    other results; nothing recorded what data a run trained on. Now every checkpoint and results.json hold a data
+    fingerprint; a resume on other data is refused (exit 2, one line naming the split) unless
+    trainer.resume_data_changed=ok, which results.json records. A checkpoint from before fingerprints resumes."""
+    from flatbnn.data.fake import write_mnist
+    from test_stop_and_way_back import _stopped_in_process
+
+    root = write_mnist(tmp_path / "data", gz=False)
+    args = ["dataset=mnist", f"dataset.root={root}", "model=mlp", "model.hidden=[16]", "method=map",
+            "trainer.batch_size=8", "trainer.epochs=2", "trainer.eval_every=0"]
+    run = tmp_path / "run"
+    _stopped_in_process(args, run, 5)  # 4 steps an epoch: last.pt at epoch 2, step 2
+    state = torch.load(run / "checkpoints" / "last.pt", weights_only=False)
+    assert set(state["data"]["splits"]) == {"train", "test"} and state["data"]["splits"]["train"]["n"] == 30
+    before = (run / "checkpoints" / "last.pt").read_bytes()
+    _swap_train_images(root)
+    p = train_cli(args, run, check=False)
+    err = p.stderr.strip()
+    assert p.returncode == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{run}/checkpoints/last.pt: the data differ" in err and "train: the images" in err, err
+    assert "test:" not in err and "trainer.resume_data_changed=ok" in err, err
+    assert (run / "checkpoints" / "last.pt").read_bytes() == before and not (run / "results.json").exists()
+    res = run_cfg(args + ["trainer.resume_data_changed=ok"], run)
+    [change] = res["meta"]["resume_changes"]
+    assert change["global_step"] == 6 and change["data_changed"][0].startswith("train: the images"), change
+    assert res["meta"]["data"]["splits"]["train"] != state["data"]["splits"]["train"]  # what it ended on
+    # a checkpoint written before data fingerprints: resumed, and the log says the data were not compared
+    old = tmp_path / "old"
+    _stopped_in_process(args, old, 5)
+    state = torch.load(old / "checkpoints" / "last.pt", weights_only=False)
+    del state["data"]
+    torch.save(state, old / "checkpoints" / "last.pt")
+    run_cfg(args, old)
+    assert "predates data fingerprints: the data were not compared" in (old / "train.log").read_text()

@@ -292,3 +292,56 @@ def test_a_job_log_keeps_its_start_and_its_end():
     cut = len(log) - window.JOBLOG_HEAD - window.JOBLOG_TAIL
     assert f"[... {cut} bytes left out ...]".encode() in got
     assert window.log_excerpt(start + end) == start + end
+
+
+def _tree(pid: int) -> list[int]:
+    """The processes below ``pid`` (/proc)."""
+    import os
+    kids = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            kids += [int(x) for x in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    except OSError:
+        return []
+    return kids + [k for kid in kids for k in _tree(kid)]
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 75)])
+def test_a_stopped_dry_window_is_one_line_its_code_and_leaves_no_child_work_dir_or_temp_file(tmp_path, sig, code):
+    """Issue 54: ``make gpu-window DRY=1`` interrupted showed a traceback and left its $TMPDIR/flatbnn-window-* dir.
+    Stopped while its self-check children run: one line on stderr, 130 (Ctrl-C) / 75, every child process gone, the
+    scratch folder it made removed, no half-written file in $OUT (its log stays)."""
+    import os
+    import signal
+    import time
+
+    tmpdir, out = tmp_path / "tmpdir", tmp_path / "out"
+    tmpdir.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmpdir), "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "flatbnn.bench.window", "--dry-run", "--minutes", "2.5", "--out",
+                          str(out)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        t0 = time.monotonic()
+        while not _tree(p.pid) or not list(tmpdir.glob("flatbnn-window-*/data")):
+            assert p.poll() is None and time.monotonic() - t0 < 120, "the window ended before its self-check"
+            time.sleep(0.1)
+        time.sleep(1.0)  # the self-check's children at work
+        kids = _tree(p.pid)
+        p.send_signal(getattr(signal, sig))
+        err = p.communicate(timeout=120)[1]
+    finally:
+        if p.poll() is None:
+            p.kill()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert p.returncode == code and len(lines) == 1 and lines[0].startswith(f"window: stopped by {sig}"), err[-3000:]
+    assert not [k for k in kids if _running(k)], "a child of the window outlived it"
+    assert list(tmpdir.iterdir()) == [], list(tmpdir.rglob("*"))[:5]
+    assert sorted(f.name for f in out.iterdir() if f.name.startswith(".")) == []
+    assert lines[0] in (out / "window.log").read_text()

@@ -287,6 +287,7 @@ def test_sigterm_to_reproduce_is_handed_to_its_sweep_which_checkpoints_and_repro
             pass
     assert proc.returncode == 75, err[-3000:]
     assert (run / "checkpoints" / "last.pt").exists() and not (run / "results.json").exists()
+    assert "reproduce r: stopped (exit 75); the running job (sgd/seed0) checkpointed" in err, err[-2000:]
 
 
 # ------------------------------------------------------------------ 2. cell configs: atomic, unchanged not rewritten
@@ -533,3 +534,52 @@ def test_a_stop_signal_a_library_turned_into_its_own_error_is_still_the_stop(tmp
     assert (run_dir / "results.json").exists() == (code == 0)
     if code == 75:
         assert "to resume:" in p.stderr
+
+
+# ------------------------------------------------------------------ issue 54: every signal, every command
+def _hook_env(hook: str) -> dict:
+    hooks = str(Path(__file__).parent / "hooks")
+    return {**{k: v for k, v in os.environ.items() if k != "FLATBNN_TEST_HOOK"}, "OMP_NUM_THREADS": "1",
+            "FLATBNN_TEST_HOOK": hook,
+            "PYTHONPATH": os.pathsep.join([str(REPO), hooks] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("finished") / "run"
+    train_cli(SMALL + ["trainer.epochs=1", "trainer.eval_every=0"], run)
+    return run
+
+
+@pytest.mark.parametrize("sig, code", [("SIGTERM", 75), ("SIGINT", 130)])
+def test_a_stop_signal_to_evaluate_py_is_one_line_its_code_and_leaves_no_temp_file_or_eval_dir(finished_run, sig,
+                                                                                                code):
+    """Issue 54: SIGTERM to evaluate.py died with 143 and no line, and its .results.json.tmp.<pid> stayed. Stopped
+    half-way through writing the evaluation's results.json: one line, 75 (130 for Ctrl-C), no temp file, no eval dir."""
+    run = finished_run
+    before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    p = subprocess.run([sys.executable, str(REPO / "evaluate.py"), f"run={run}", "metrics.ece_bins=20"], cwd=REPO,
+                       capture_output=True, text=True, timeout=300,
+                       env=_hook_env(f"signal_while_writing:results.json,{sig}"))
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("flatbnn: ") or "Traceback" in ln]
+    assert p.returncode == code and lines == [f"flatbnn: stopped by {sig} while evaluating: nothing of this "
+                                              f"evaluation was kept; rerun the same command"], p.stderr[-3000:]
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before  # no temp file, no eval/<name>/
+
+
+def test_a_resume_with_fewer_steps_an_epoch_says_where_it_stands_not_step_6_of_3(tmp_path, monkeypatch, capsys):
+    """Issue 54 (cosmetic): a run stopped at step 6 of 8 and resumed with trainer.limit_train_batches=3 (as a resume
+    override) said 'at epoch 1, step 6 of 3'. It is at the end of epoch 1, and says so; then it trains on."""
+    from flatbnn.engine.trainer import Preempted
+    args = SMALL + ["dataset.train_subset=512", "trainer.epochs=2", "trainer.progress=false", "trainer.eval_every=0"]
+    _stop_at(monkeypatch, 5)  # the checkpoint: epoch 1, step 6 of 8
+    with pytest.raises(Preempted):
+        run_cfg(args, tmp_path)
+    monkeypatch.undo()
+    capsys.readouterr()
+    res = run_cfg(args + ["trainer.limit_train_batches=3", "trainer.resume_overrides=[trainer.limit_train_batches]"],
+                  tmp_path)
+    err = capsys.readouterr().err
+    assert "step 6 of 3" not in err and "at the end of epoch 1 (6 steps of it done, more than the 3 an epoch has now" \
+        in err, err
+    assert res["meta"]["budget"]["steps"] == 6 + 3  # epoch 1 ended where it stood, epoch 2 ran its 3 steps

@@ -831,3 +831,89 @@ def test_a_run_trained_with_another_config_than_the_spec_is_stale_not_compared(t
     launch.launch(row, "cpu", out=out, dry_run=True, seeds=[0], cells_glob="n20/s*")
     assert "1 finished runs were trained with another config than the spec's now, e.g. n20/sgd/seed0" in \
         capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ unreadable records and paper files (issue 54)
+BROKEN_QUOTE = 'row: r\npaper: none\ncells: []\nclaims:\n- id: x\n  quote: "a "quoted" word"\n'
+
+
+def _row_r(tmp_path, monkeypatch, paper: str | None = None):
+    """A one-axis digits row ``r`` (cpu scale) with its own rows/, results/paper/, results/reproduce/ and outputs/."""
+    from flatbnn.reproduce import archive, protocol
+
+    rows, papers, results = tmp_path / "rows", tmp_path / "paper", tmp_path / "results"
+    for d in (rows, papers, results):
+        d.mkdir()
+    (rows / "r.yaml").write_text(yaml.safe_dump(
+        {"row": "r", "paper": "none", "title": "r", "kind": "train", "axes": ["method"],
+         "base": ["dataset=digits", "model=mlp"], "values": {"method": {"sgd": ["flatness=none"]}}, "seeds": [0],
+         "scales": {"cpu": {"overrides": []}, "smoke": {"overrides": []}}}))
+    if paper is not None:
+        (papers / "r.yaml").write_text(paper)
+    monkeypatch.setattr(spec, "ROWS_DIR", rows)
+    for mod in (spec, status, protocol):
+        monkeypatch.setattr(mod, "PAPER_DIR", papers)
+    for mod in (compare, compare_markdown, status):
+        monkeypatch.setattr(mod, "RESULTS_ROOT", results)
+    monkeypatch.setattr(archive, "ARCHIVE_ROOT", results)
+    monkeypatch.setattr(launch, "OUTPUT_ROOT", tmp_path / "outputs")
+    monkeypatch.setattr(status, "STATUS_PATH", tmp_path / "STATUS.md")
+    return results
+
+
+def _one_reproduce_line(capsys, rc, path: Path) -> str:
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert rc == 2 and len(err) == 1, (rc, err)
+    assert err[0].startswith(f"reproduce: error: {path}:"), err
+    return err[0]
+
+
+def test_a_truncated_record_results_json_or_comparison_is_one_line_naming_the_file_and_writes_nothing(
+        tmp_path, monkeypatch, capsys):
+    """Issue 54: a truncated committed record.json / results.json made ``compare`` end in a 29-line JSONDecodeError
+    traceback (exit 1). Now ``file:line:column: message``, exit 2, in compare and status; no page from a partial read."""
+    from flatbnn.reproduce import archive, cli
+
+    results = _row_r(tmp_path, monkeypatch)
+    rec = archive.record_dir(results, "r", "cpu", "sgd", 0)
+    rec.mkdir(parents=True)
+    _fake_run(tmp_path / "src", "sgd", 0, 0.9, 0.3)
+    good = (tmp_path / "src" / "sgd" / "seed0" / "results.json").read_text()
+    (rec / "results.json").write_text(good)
+    (rec / "record.json").write_text(json.dumps({"trained_on": "cpu, torch 2, commit abc"}))
+    assert cli.main(["compare", "r", "--scale", "cpu"]) == 0
+    page = tmp_path / "outputs" / "comparison" / "r" / "cpu.md"
+    before = page.read_bytes()
+    capsys.readouterr()
+    for name, text in (("results.json", good[:40]), ("record.json", "")):
+        (rec / name).write_text(text)
+        line = _one_reproduce_line(capsys, cli.main(["compare", "r", "--scale", "cpu"]), rec / name)
+        assert "truncated or corrupt" in line, line
+        assert page.read_bytes() == before  # not rewritten from what could be read
+        (rec / name).write_text(good if name == "results.json" else "{}")
+    (results / "r").mkdir(exist_ok=True)
+    (results / "r" / "cpu.json").write_text('{"jobs": {"sgd": ')  # a committed comparison, cut
+    _one_reproduce_line(capsys, cli.main(["status"]), results / "r" / "cpu.json")
+    assert not (tmp_path / "STATUS.md").exists()
+
+
+def test_a_yaml_error_in_a_paper_file_is_one_line_naming_it_in_check_compare_run_and_status(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """Issue 54: an unescaped quote in a claim's ``quote:`` made check, compare, run and status end in a 60-70-line
+    traceback naming ``<unicode string>``. Now each says ``<file>:6:14: YAML syntax error: ...`` once, exit 2; run
+    launches nothing."""
+    from flatbnn.reproduce import cli
+
+    _row_r(tmp_path, monkeypatch, paper=BROKEN_QUOTE)
+    bad = tmp_path / "paper" / "r.yaml"
+    assert cli.main(["check", "--no-compose"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"{bad}:6:14: YAML syntax error: while parsing a block mapping expected <block end>, but found "
+                   "'<scalar>'", "1 rows checked, 1 problems"], err
+    launched = []
+    monkeypatch.setattr(launch, "run_sweep", lambda cmd: launched.append(cmd) or 0)
+    for argv in (["compare", "r", "--scale", "cpu"], ["run", "r", "--scale", "cpu", "--out", str(tmp_path / "o")],
+                 ["status"]):
+        line = _one_reproduce_line(capsys, cli.main(argv), bad)
+        assert line.startswith(f"reproduce: error: {bad}:6:14: YAML syntax error"), (argv, line)
+    assert launched == [] and not (tmp_path / "STATUS.md").exists()

@@ -217,6 +217,9 @@ def test_sigterm_to_reproduce_between_sweep_jobs_exits_75_without_a_comparison_f
     assert (out / "sgd" / "seed0" / "results.json").exists() and not (out / "sgd" / "seed1" / "results.json").exists()
     assert not (out / "comparison").exists(), err[-2000:]  # no comparison built from 1 of 2 runs
     assert any(ln.startswith("flatbnn: stopped by SIGTERM while no job was running") for ln in err.splitlines())
+    # issue 54 (cosmetic): it said "the running job checkpointed" though no job was running
+    assert "reproduce r: stopped (exit 75); it stopped between jobs or before the first step" in err, err[-2000:]
+    assert "checkpointed" not in err, err[-2000:]
 
 
 def test_ctrl_c_during_a_sweep_childs_imports_is_one_line_exit_130_and_no_comparison(tmp_path):
@@ -371,6 +374,54 @@ def test_a_reproduce_run_whose_jobs_another_launcher_finished_exits_0(tmp_path, 
     assert cli.main(["run", "r", "--scale", "cpu", "--out", str(out), "--no-compare"]) == 1  # a job is not done
 
 
+def test_a_job_another_launcher_trains_now_is_left_to_it_not_failed(tmp_path, monkeypatch, capsys):
+    """Issue 54: two launchers overlapping on one running job -- the second exited 1 listing that job as failed,
+    though it was training in the first. A job whose run-dir lock a live process holds is 'left to pid N', whether
+    its lock was taken before this launcher planned (skipped) or while its sweep ran (its member refused)."""
+    from flatbnn.engine.lock import RunDirLock
+    from flatbnn.reproduce import cli, launch, spec
+    rows, out = _row(tmp_path, [0, 1])
+    monkeypatch.setattr(spec, "ROWS_DIR", rows)
+    d0 = out / "sgd" / "seed0"
+    d0.mkdir(parents=True)
+    (d0 / "results.json").write_text(json.dumps({"metrics": {"nll": 1.0}, "meta": {"seed": 0}}))
+    held, swept = [], []
+
+    def the_other_launcher_took_it_first(cmd):  # both started seed 1; the other's member got the lock
+        swept.append(cmd)
+        held.append(RunDirLock(out / "sgd" / "seed1").acquire())
+        return 1  # this sweep's member was refused the run dir
+    monkeypatch.setattr(launch, "run_sweep", the_other_launcher_took_it_first)
+    try:
+        assert cli.main(["run", "r", "--scale", "cpu", "--out", str(out), "--no-compare"]) == 0
+        err = capsys.readouterr().err
+        assert f"sgd/seed1: left to pid {os.getpid()} on host " in err and "FAILED" not in err, err
+        # planned while the other one trains it: not even started
+        assert cli.main(["run", "r", "--scale", "cpu", "--out", str(out), "--no-compare"]) == 0
+        err = capsys.readouterr().err
+        assert len(swept) == 1 and "1 left to other processes, 0 to run" in err, err
+        assert f"sgd/seed1: left to pid {os.getpid()} on host " in err and "FAILED" not in err, err
+    finally:
+        for lock in held:
+            lock.release()
+
+
+def test_a_sweep_member_another_process_trains_is_left_to_it_and_the_sweep_exits_0(tmp_path):
+    """A --multirun member refused its run dir because a live process trains there is 'left to pid N', not a failed
+    member: the other members train and the sweep exits 0."""
+    from flatbnn.engine.lock import RunDirLock
+    sweep = tmp_path / "sweep"
+    lock = RunDirLock(sweep / "seed0").acquire()
+    try:
+        p = _train(["--multirun", *SMALL, "trainer.epochs=1", "trainer.eval_every=0", "seed=0,1",
+                    f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=seed${seed}"], tmp_path)
+    finally:
+        lock.release()
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert f"{sweep}/seed0: left to pid {os.getpid()} on host " in p.stderr and "failed" not in p.stderr, p.stderr[-2000:]
+    assert (sweep / "seed1" / "results.json").exists() and not (sweep / "seed0" / "results.json").exists()
+
+
 def test_a_bad_override_after_the_double_dash_is_refused_once_before_anything_is_launched(tmp_path, monkeypatch,
                                                                                           capsys):
     from flatbnn.reproduce import cli, launch, spec
@@ -383,6 +434,13 @@ def test_a_bad_override_after_the_double_dash_is_refused_once_before_anything_is
     assert rc == 2 and launched == [], err
     assert len(err) == 1 and "trainer.epochz" in err[0] and "trainer.epochs" in err[0], err  # the closest key
     assert not (out / "sgd").exists() and not (out / ".hydra_cells").exists()
+    # a bad VALUE of a known key (issue 54: every job failed, and a comparison of 0 runs was written)
+    for bad, why in (("optimizer.lr=fast", "optimizer.lr='fast': must be a number"),
+                     ("trainer.epochs=-1", "trainer.epochs=-1: must be >= 0")):
+        rc = cli.main(["run", "r", "--scale", "cpu", "--out", str(out), "--", bad])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and launched == [] and len(err) == 1 and why in err[0], (bad, err)
+        assert not (out / "sgd").exists() and not (out / "comparison").exists()
 
 
 # ------------------------------------------------------------------ DDP: workers end with their launcher, in time
@@ -439,3 +497,93 @@ def test_ddp_workers_checkpoint_and_end_within_30_s_when_their_launcher_is_kille
     import torch
     state = torch.load(run / "checkpoints" / "last.pt", weights_only=False)
     assert state["step_in_epoch"] > 0 and state["world_size"] == 2  # the stop's mid-epoch checkpoint
+
+
+# ------------------------------------------------------------------ resume from any checkpoint into any run dir
+@pytest.fixture(scope="module")
+def straight3(tmp_path_factory):
+    """The uninterrupted 3-epoch run the resumed ones must end like (metrics.jsonl lines and results)."""
+    run = tmp_path_factory.mktemp("straight3") / "run"
+    run_cfg(SMALL + ["trainer.epochs=3"], run)
+    return run
+
+
+def _stopped_in_process(args, run, at: int):
+    """``run_cfg(args, run)`` stopped by SIGTERM once ``at`` steps are done (the checkpoint: global step at + 1)."""
+    from flatbnn.engine.trainer import Preempted
+    import flatbnn.engine.trainer as T
+    to_device = T.Trainer.to_device
+
+    def stop(self, batch):
+        if self.global_step == at:
+            signal.raise_signal(signal.SIGTERM)
+        return to_device(self, batch)
+
+    T.Trainer.to_device = stop
+    try:
+        with pytest.raises(Preempted):
+            run_cfg(args, run)
+    finally:
+        T.Trainer.to_device = to_device
+
+
+def _same_ending(run, straight):
+    done, ref = (json.loads((Path(d) / "results.json").read_text())["metrics"] for d in (run, straight))
+    assert done["nll"] == ref["nll"] and done["accuracy"] == ref["accuracy"] and done["ece"] == ref["ece"]
+    assert _lines(run) == _lines(straight)
+
+
+def test_another_runs_last_pt_and_good_pt_resume_into_a_new_dir_to_the_uninterrupted_metrics(tmp_path, straight3,
+                                                                                              capsys):
+    """Issue 54: ``trainer.resume=<another run>/checkpoints/last.pt hydra.run.dir=<new>`` died after one step
+    (``[Errno 2] ... <new>/checkpoints/.good.pt.tmp.<pid>``: good.pt was linked into a checkpoints/ not made yet)."""
+    args = SMALL + ["trainer.epochs=3"]
+    src = tmp_path / "src"
+    _stopped_in_process(args, src, 6)  # last.pt: epoch 2, step 3; good.pt: the end of epoch 1
+    before = {f.name: f.read_bytes() for f in (src / "checkpoints").iterdir()}
+    assert set(before) == {"last.pt", "good.pt"}
+    for name, where in (("last.pt", "at epoch 2, step 3 of 4"), ("good.pt", "at epoch 2, step 0 of 4")):
+        new = tmp_path / f"from_{name}"
+        capsys.readouterr()
+        run_cfg(args + [f"trainer.resume={src}/checkpoints/{name}"], new)
+        assert where in capsys.readouterr().err
+        _same_ending(new, straight3)
+        assert (new / "checkpoints" / "last.pt").is_file()
+    assert {f.name: f.read_bytes() for f in (src / "checkpoints").iterdir()} == before  # the source is only read
+
+
+def test_every_stop_line_continues_the_stopped_run_whatever_trainer_resume_it_was_started_with(tmp_path, straight3):
+    """Issue 54: a run started with ``trainer.resume=false`` kept the flag in its stop line (pasted: the run moved
+    aside, epoch 1 again); one resumed from its own good.pt, or from another run's last.pt, printed a command going
+    back to that checkpoint instead of the stop's last.pt."""
+    args = SMALL + ["trainer.epochs=3"]
+    work = tmp_path / "work"
+    work.mkdir()
+    src = tmp_path / "src"
+    _stopped_in_process(args, src, 6)
+    for start, run, stop_at in [("false", tmp_path / "fresh", 6),                        # stops at epoch 2, step 3
+                                (f"{src}/checkpoints/last.pt", tmp_path / "new", 9),     # epoch 3, step 2
+                                (f"{src}/checkpoints/good.pt", src, 9)]:
+        p = _train(args + [f"trainer.resume={start}", f"hydra.run.dir={run}"], work, hook=f"stop_at_step:{stop_at}")
+        assert p.returncode == 75, p.stderr[-3000:]
+        [line] = _flatbnn_lines(p.stderr)
+        command = _pasted(line, "; to resume: ")
+        assert f"trainer.resume={start}" not in command, command
+        again = _paste(command, work)
+        assert again.returncode == 0, again.stderr[-3000:]
+        where = "at epoch 2, step 3 of 4" if stop_at == 6 else "at epoch 3, step 2 of 4"
+        assert f"resuming from {run}/checkpoints/last.pt {where}" in again.stderr, (start, again.stderr[-2000:])
+        assert not (run / ".flatbnn" / "replaced").exists()  # nothing of the stopped run was moved aside
+        _same_ending(run, straight3)
+
+
+def test_a_full_disk_at_start_is_one_line_naming_the_file_and_leaves_no_run_dir(tmp_path):
+    """Issue 54: a full disk when Hydra wrote .hydra/config.yaml left an empty config.yaml, an empty train.log and
+    outputs/<date>, and its line named no file. A refused run leaves no run dir; the line names what it could not write."""
+    work = tmp_path / "work"
+    work.mkdir()
+    p = _train(SMALL + ["trainer.epochs=1"], work, hook="disk_full_at_hydra_start")
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2 and len(lines) == 1, p.stderr[-3000:]
+    assert lines[0].startswith("flatbnn: error: cannot write ") and "/.hydra/config.yaml: No space left" in lines[0]
+    assert list((work / "outputs").iterdir()) == [], list((work / "outputs").rglob("*"))

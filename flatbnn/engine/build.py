@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from flatbnn.data.fingerprint import fingerprint as data_fingerprint
 from flatbnn.engine import distributed as D
 from flatbnn.engine import graphed
 from flatbnn.engine.backprop import Backprop, seed_everything
@@ -76,6 +77,7 @@ class Built:
     eval_cfg: EvalConfig
     resume_ckpt: Path | None = None  # the checkpoint ``run`` resumes from (training builds only)
     init_from: dict | None = None    # what trainer.init_from loaded (results.json meta)
+    data: dict | None = None         # the data fingerprint (flatbnn/data/fingerprint.py): checkpoints, results.json
 
     def gather(self, local: torch.Tensor, n: int) -> torch.Tensor:
         return D.gather_shards(local, n, self.info, self.device)
@@ -206,7 +208,8 @@ def build(cfg: DictConfig, run_dir: Path | None = None, *, training: bool = True
                  test_targets=dataset_targets(bundle.test),
                  val_targets=dataset_targets(bundle.val) if val_loader is not None else None,
                  shift_targets=shift_targets, steps_per_epoch=steps_per_epoch, total_epochs=total_epochs,
-                 ctx=ctx, backprop=backprop, eval_cfg=eval_cfg, resume_ckpt=resume_ckpt, init_from=init_info)
+                 ctx=ctx, backprop=backprop, eval_cfg=eval_cfg, resume_ckpt=resume_ckpt, init_from=init_info,
+                 data=data_fingerprint(bundle))
 
 
 def _resume_path(resume, default: Path) -> Path | None:

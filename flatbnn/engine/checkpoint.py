@@ -12,8 +12,6 @@ import os
 import re
 from pathlib import Path
 
-import torch
-
 # the atomic writers live in flatbnn.atomic_io (lowest layer); re-exported here for existing callers
 from flatbnn.atomic_io import atomic_write as _atomic_write
 from flatbnn.atomic_io import temp_name as _temp_name
@@ -41,6 +39,8 @@ def _os_error_in(exc: BaseException) -> OSError | None:
 
 
 def save_checkpoint(path: Path, state: dict) -> None:
+    import torch  # here: engine/lock.py's RunDirLocked is a CheckpointError, and a scheduler takes locks without torch
+
     try:
         _atomic_write(path, lambda f: torch.save(state, f))
     except (OSError, RuntimeError) as e:  # ENOSPC, EDQUOT, EIO: the previous checkpoint is intact, say so in one line
@@ -54,8 +54,10 @@ def save_checkpoint(path: Path, state: dict) -> None:
 
 def link_checkpoint(src: Path, dst: Path) -> None:
     """``dst`` becomes the same file as ``src`` (a hard link: no copy; ``src`` being replaced later by
-    ``os.replace`` leaves ``dst`` intact), atomically; a copy where the file system has no hard links."""
+    ``os.replace`` leaves ``dst`` intact), atomically; a copy where the file system has no hard links (or ``src``
+    is on another one: a run resumed from another run's checkpoint, whose ``checkpoints/`` it also creates)."""
     src, dst = Path(src), Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_name(dst)
     tmp.unlink(missing_ok=True)
     try:
@@ -91,6 +93,8 @@ def remove_stale_temp_files(directory: Path) -> list[Path]:
 
 
 def load_checkpoint(path: Path) -> dict:
+    import torch
+
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # truncated or foreign file

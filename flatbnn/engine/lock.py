@@ -17,7 +17,15 @@ from flatbnn.engine.checkpoint import CheckpointError
 
 
 class RunDirLocked(CheckpointError):  # a CheckpointError: train.py turns it into one line, exit 2
-    pass
+    def __init__(self, message: str, holder: str | None = None):
+        super().__init__(message)
+        self.holder = holder  # 'pid N on host H (since T)' of the live process that holds the run dir, if known
+
+
+# A scheduler (scripts/campaign.py) takes a job's run-dir lock BEFORE it starts the job's train.py, so that of two
+# schedulers only one starts it (the check and the claim are one atomic step), and hands the lock to that child:
+# the child finds the lock held by its parent, whose pid this variable names, and takes it over.
+HANDOVER_ENV = "FLATBNN_RUN_DIR_LOCK_FROM"
 
 
 def _boot_id() -> str | None:
@@ -119,6 +127,21 @@ class RunDirLock:
         finally:
             tmp.unlink(missing_ok=True)
 
+    def _take_over_from_parent(self, holder: dict | None) -> bool:
+        """The lock is our parent's, which handed it to us (:data:`HANDOVER_ENV`): it becomes ours, atomically (the
+        parent is alive, so no third process can take it meanwhile). The parent's ``release`` then leaves it."""
+        given = os.environ.get(HANDOVER_ENV)
+        if holder is None or given != str(holder.get("pid")) or holder["pid"] != os.getppid() \
+                or holder.get("host") != self.me["host"]:
+            return False
+        record = {**self.me, "since": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                  "from_pid": holder["pid"]}
+        tmp = self.path.with_name(f".lock.tmp.{os.getpid()}")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, self.path)
+        self.record, self.held = record, True
+        return True
+
     def acquire(self) -> "RunDirLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(5):
@@ -126,6 +149,8 @@ class RunDirLock:
                 self.held = True
                 return self
             holder = self._read(self.path)
+            if self._take_over_from_parent(holder):
+                return self
             if self._is_held(holder, self.path):
                 who = _who(holder)
                 other_host = holder is not None and holder.get("host") != self.me["host"]
@@ -134,7 +159,7 @@ class RunDirLock:
                     f"metrics.jsonl and overwrite each other's checkpoint and results; wait for it, or use "
                     f"another hydra.run.dir"
                     + (f" (if no such process runs on {holder.get('host')}, delete {self.path})" if other_host
-                       else ""))
+                       else ""), holder=who)
             # stale: move it aside under a name of our own, then make sure it was the stale one we judged
             aside = self.path.with_name(f"lock.stale.{os.getpid()}")
             try:

@@ -61,6 +61,7 @@ def results_meta(b: Built, *, steps: int, train_seconds: float, wall_seconds: fl
         "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "overrides": overrides, "run_dir": str(run_dir),
         "init_from": b.init_from,
+        "data": b.data,  # what it trained / was evaluated on: per split, files or contents (data/fingerprint.py)
         # the CIFAR-10-C read: the official release or scripts/make_cifar10_c.py's (data/cifar10_c.py)
         **({"shift_data": b.bundle.meta["shift_data"]} if "shift_data" in b.bundle.meta else {}),
         "paper_reproduction": False,

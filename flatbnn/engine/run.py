@@ -25,8 +25,8 @@ from flatbnn.engine.loggers import JsonlLogger
 from flatbnn.engine.provenance import git_commit
 from flatbnn.engine.report import RunReport, report_final, report_start
 from flatbnn.engine.results import final_evaluate, results_meta, save_reliability_diagram
-from flatbnn.engine.run_dir import (Claim, apply_resume_overrides, claim_run_dir, finished_results,
-                                    move_aside_earlier_outputs, optimizer_snapshot, steps_changed)
+from flatbnn.engine.run_dir import (Claim, apply_resume_overrides, claim_run_dir, copy_source_metrics,
+                                    finished_results, move_aside_earlier_outputs, optimizer_snapshot, steps_changed)
 from flatbnn.engine.trainer import Trainer
 from flatbnn.metrics.evaluate import evaluate
 
@@ -80,18 +80,27 @@ def _train_and_evaluate(b: Built, claim: "Claim", t_start: float, git_start: dic
         apply_resume_overrides(method, fresh, list(claim.changes))
         if info.is_main:  # the numbering of the stop line: epoch (1-based) in progress, steps done in it
             where = (f"after its {trainer.epoch} epochs (the final evaluation)" if trainer.epoch >= b.total_epochs
-                     else f"at epoch {trainer.epoch + 1}, step {trainer.step_in_epoch} of {b.steps_per_epoch}")
+                     else f"at epoch {trainer.epoch + 1}, step {trainer.step_in_epoch} of {b.steps_per_epoch}"
+                     if trainer.step_in_epoch <= b.steps_per_epoch else  # fewer steps an epoch now (resume_overrides)
+                     f"at the end of epoch {trainer.epoch + 1} ({trainer.step_in_epoch} steps of it done, more than "
+                     f"the {b.steps_per_epoch} an epoch has now: its end-of-epoch work, then epoch {trainer.epoch + 2})")
             RunReport(run_dir).note(
                 f"resuming from {ckpt} {where}"
                 + (f", with {', '.join(f'{k}={v[1]}' for k, v in claim.changes.items())} applied (was "
-                   f"{', '.join(str(v[0]) for v in claim.changes.values())})" if claim.changes else ""))
+                   f"{', '.join(str(v[0]) for v in claim.changes.values())})" if claim.changes else "")
+                + (f", on other data (trainer.resume_data_changed=ok): {'; '.join(claim.data_changes)}"
+                   if claim.data_changes else "")
+                + ("; the checkpoint predates data fingerprints: the data were not compared"
+                   if claim.state.get("data") is None else ""))
     elif b.init_from is not None and info.is_main:
         RunReport(run_dir).note(f"initialised the model from {b.init_from['path']}")
     if info.is_main:  # the checkpoint restored (or none): from here on this run writes its outputs
         # any checkpoint of this run dir (last.pt, good.pt, diverged.pt) continues this run: its metrics stay
-        move_aside_earlier_outputs(run_dir, resuming=ckpt is not None and _same_path(
-            Path(ckpt).parent, run_dir / "checkpoints"))
+        own = ckpt is not None and _same_path(Path(ckpt).parent, run_dir / "checkpoints")
+        move_aside_earlier_outputs(run_dir, resuming=own)
         run_dir.mkdir(parents=True, exist_ok=True)
+        if ckpt is not None and not own:  # another run's checkpoint: its epochs so far, so metrics.jsonl is one run's
+            copy_source_metrics(Path(ckpt), run_dir)
         trainer.loggers = [JsonlLogger(run_dir, resume_epoch=trainer.epoch)]
         container = OmegaConf.to_container(cfg, resolve=True)
         for lg_cfg in (cfg.logger or {}).values():
@@ -108,15 +117,15 @@ def _train_and_evaluate(b: Built, claim: "Claim", t_start: float, git_start: dic
         return {f"{name}/{k}": m[k] for k in keys}
 
     history = list((claim.state or {}).get("resume_changes") or [])
-    if claim.changes:
-        history.append({"global_step": trainer.global_step,
-                        "changes": {k: list(v) for k, v in claim.changes.items()}})
+    if claim.changes or claim.data_changes:
+        history.append({"global_step": trainer.global_step, "changes": {k: list(v) for k, v in claim.changes.items()},
+                        **({"data_changed": claim.data_changes} if claim.data_changes else {})})
     git_segments = list((claim.state or {}).get("git_segments") or [])  # earlier processes of this run
     git_segments.append({"global_step": trainer.global_step, **(git_start or git_commit())})
     with report:  # training's warnings (flatbnn's and Python's) go to train.log too
         trainer.fit(method, b.flatness, b.backprop, b.train_loader, b.sampler, b.bundle.train,
                     evaluate_epoch=evaluate_epoch if tc.eval_every else None, generator=b.generator,
-                    checkpoint_extra={"config": claim.config, "resume_changes": history,
+                    checkpoint_extra={"config": claim.config, "data": b.data, "resume_changes": history,
                                       "git_segments": git_segments})
 
     if tc.compile and info.is_main:

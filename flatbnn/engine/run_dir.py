@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import warnings
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,6 +23,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from flatbnn import keyroles
+from flatbnn.data.fingerprint import differences
 from flatbnn.engine import distributed as D
 from flatbnn.engine.build import Built
 from flatbnn.engine.checkpoint import (CheckpointError, checkpoint_problem, load_checkpoint, remove_stale_temp_files,
@@ -46,6 +48,10 @@ class ResumeConfigMismatch(CheckpointError):
     pass
 
 
+class ResumeDataChanged(ResumeConfigMismatch):
+    """The checkpoint's data fingerprint is not this run's data (flatbnn/data/fingerprint.py)."""
+
+
 @dataclass
 class Claim:
     """What :func:`claim_run_dir` established: the lock, the checkpoint to resume (loaded once), this
@@ -55,6 +61,7 @@ class Claim:
     state: dict | None
     config: dict
     changes: dict
+    data_changes: list = dataclasses.field(default_factory=list)  # trainer.resume_data_changed=ok: how the data differ
 
 
 def _covered(key: str, names) -> bool:
@@ -89,12 +96,12 @@ def claim_run_dir(b: Built) -> Claim:
         try:
             lock.acquire()
         except RunDirLocked as e:
-            error = str(e)
+            error = (str(e), e.holder)
     error = D.broadcast_object(error, info)  # every rank stops, not only the one that tried
     if error is not None:
         if info.is_main:
             _restore_hydra_files(run_dir)
-        raise RunDirLocked(error)
+        raise RunDirLocked(*error)
     try:
         current = OmegaConf.to_container(cfg, resolve=True)
         allowed = list(cfg.trainer.get("resume_overrides") or [])
@@ -134,6 +141,7 @@ def claim_run_dir(b: Built) -> Claim:
                 f"{holder} holds a run with another config ({source}): {shown}{more}; nothing was overwritten. "
                 f"{ways}, or continue that run with the change applied "
                 f"(trainer.resume_overrides=[{','.join(refused)}])")
+        data_changes = _data_changes(b, state)
         if info.is_main:
             _keep_run_dir_config(run_dir, current, cfg)
             for d in (run_dir, run_dir / "checkpoints"):  # results.json's and the checkpoints' temp files
@@ -144,7 +152,23 @@ def claim_run_dir(b: Built) -> Claim:
             _restore_hydra_files(run_dir)
             lock.release()
         raise
-    return Claim(lock=lock, state=state, config=current, changes=changes)
+    return Claim(lock=lock, state=state, config=current, changes=changes, data_changes=data_changes)
+
+
+def _data_changes(b: Built, state: dict | None) -> list[str]:
+    """How this run's data differ from those the checkpoint's run trained on ([]: the same, or a checkpoint from
+    before data fingerprints, which run.py's resume line says); refused unless ``trainer.resume_data_changed=ok``."""
+    if state is None or state.get("data") is None:
+        return []
+    changed = differences(state["data"], b.data)
+    if changed and b.cfg.trainer.get("resume_data_changed") != "ok":
+        more = f" (+{len(changed) - 3} more)" if len(changed) > 3 else ""
+        raise ResumeDataChanged(
+            f"{b.resume_ckpt}: the data differ from those its run trained on: {'; '.join(changed[:3])}{more}; "
+            f"nothing was overwritten. Point dataset.root at the data it trained on, start over "
+            f"(trainer.resume=false), or go on with these data (trainer.resume_data_changed=ok, recorded in "
+            f"results.json)")
+    return changed
 
 
 def _holder(run_dir: Path, ckpt: Path | None) -> Path:
@@ -244,6 +268,18 @@ def move_aside_earlier_outputs(run_dir: Path, *, resuming: bool) -> Path | None:
     print(f"moved the earlier run's {', '.join(found)} to {aside} (this run starts "
           f"{'from its checkpoint' if resuming else 'over'}; they are not this run's)", file=sys.stderr)
     return aside
+
+
+def copy_source_metrics(ckpt: Path, run_dir: Path) -> Path | None:
+    """A run resumed from another run's checkpoint (``trainer.resume=<dir>/checkpoints/last.pt`` into a new dir)
+    starts its ``metrics.jsonl`` with that run's lines (engine/loggers.py keeps those of the epochs the checkpoint
+    holds), so the new dir's file reads as the uninterrupted run's; the source dir is only read."""
+    source = _holder(run_dir, ckpt) / "metrics.jsonl"
+    dest = Path(run_dir) / "metrics.jsonl"
+    if dest.exists() or not source.is_file() or source.resolve() == dest.resolve():
+        return None
+    write_bytes(dest, source.read_bytes())
+    return source
 
 
 def optimizer_snapshot(method) -> list[dict] | None:

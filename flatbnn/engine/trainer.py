@@ -253,6 +253,10 @@ class Trainer:
             if last.exists():
                 return f"a rerun resumes from {last}" + (
                     ", which a finite step followed" if self._last_is_good or _same_file(last, good) else "")
+            if good.exists():  # resumed from another run's checkpoint (good.pt since a finite step followed it)
+                if main:
+                    link_checkpoint(good, last)
+                return f"a rerun resumes from {last}, the checkpoint this run resumed from (a finite step followed it)"
             return "no checkpoint in this run dir yet: a rerun starts over"
         if main:
             os.replace(last, self.diverged_path)

@@ -413,6 +413,18 @@ def metric_value(metrics: dict, name: str):
     return node
 
 
+def _has_metric(metrics: dict, name: str) -> bool:
+    """Does ``metrics`` hold ``name`` (dotted: nested) at all -- null included?"""
+    if name in metrics:
+        return True
+    node = metrics
+    for part in name.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
 def metric_stats(values: list) -> dict:
     """``{"n", "n_nonfinite", "mean", "std", "values"}`` under the NaN policy of flatbnn/reproduce/stats.py: mean /
     std (ddof = 1) of the finite values, n = how many; NaN / inf / missing values are left out and counted in
@@ -428,8 +440,41 @@ def _flatness_label(fl: dict) -> str:
     return str(fl.get("name", "?")) + (f"({', '.join(hp)})" if hp else "")
 
 
+def config_labels(run: Run) -> dict:
+    """What a results.json's meta names (dataset, model, method, flatness, epochs, global batch) taken from the run's
+    ``.hydra/`` files instead, for a results.json without meta (an old or hand-made one): the group options Hydra
+    chose (``hydra.yaml``: the names train.py's meta uses), else the config's own names. {} without a config."""
+    cfg = run.config or {}
+    if not cfg:
+        return {}
+    hydra = _read_yaml(run.path / ".hydra" / "hydra.yaml") or {}
+    choices = ((hydra.get("hydra") or {}).get("runtime") or {}).get("choices") or {} if isinstance(hydra, dict) else {}
+
+    def name(group: str):  # the chosen option, the node's name, else its class's module (one file per method)
+        node = cfg.get(group) if isinstance(cfg.get(group), dict) else {}
+        target = str(node.get("_target_") or "")
+        return choices.get(group) or node.get("name") or (target.rsplit(".", 2)[-2] if target.count(".") >= 2 else None)
+
+    trainer = cfg.get("trainer") if isinstance(cfg.get("trainer"), dict) else {}
+    flatness = cfg.get("flatness") if isinstance(cfg.get("flatness"), dict) else {}
+    out = {"dataset": name("dataset"), "model": name("model"), "method": {"name": name("method")},
+           "flatness": {"name": name("flatness"), **{k: flatness[k] for k in ("rho", "eta", "sigma", "m")
+                                                    if isinstance(flatness.get(k), (int, float))}},
+           "budget": {"epochs": trainer.get("epochs"), "global_batch": trainer.get("batch_size")}}
+    return {k: v for k, v in out.items() if v not in (None, {"name": None})}
+
+
+def _with_config_labels(meta: dict, run: Run) -> dict:
+    """``meta``, where it names no dataset / model / method / flatness / budget, completed from the run's config."""
+    missing = [k for k in ("dataset", "model", "method", "flatness", "budget") if not meta.get(k)]
+    if not missing:
+        return meta
+    labels = config_labels(run)
+    return {**meta, **{k: labels[k] for k in missing if k in labels}}
+
+
 def _row_label(g: Group) -> tuple:
-    m = g.meta
+    m = _with_config_labels(g.meta, g.runs[0])
     return (str(m.get("dataset", "?")), str(m.get("model", "?")), str((m.get("method") or {}).get("name", "?")),
             _flatness_label(m.get("flatness") or {}))
 
@@ -453,12 +498,12 @@ def summarize(g: Group, metrics: list[str] = METRICS, config: dict[str, Any] | N
            "config": config or {}, "n": len(g.runs), "seeds": g.seeds, "stats": {}}
     for m in metrics:
         vals = [metric_value(r.metrics, m) for r in g.runs]
-        if all(v is None for v in vals):
+        if not any(_has_metric(r.metrics, m) for r in g.runs):  # not computed by these runs (e.g. no OOD set)
             continue
-        st = metric_stats(vals)
+        st = metric_stats(vals)  # a null the run wrote counts as non-finite: its column stays, "nan [1/1 ...]"
         row["stats"][m] = st
         row[m] = [st["mean"], st["std"]]
-    row["budget"] = budget_label(g.meta)
+    row["budget"] = budget_label(_with_config_labels(g.meta, g.runs[0]))
     row["commits"] = sorted({_commit(r.meta) for r in g.runs})
     row["runs"] = [str(r.path) for r in sorted(g.runs, key=lambda r: _sort_key(r.seed))]
     row["failed"] = [str(f.path) for f in g.failed]

@@ -17,11 +17,10 @@ and writing the comparison refreshes the record from it. Never at ``smoke`` scal
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from flatbnn.engine.checkpoint import write_bytes, write_json
-from flatbnn.reproduce.spec import REPO
+from flatbnn.reproduce.spec import REPO, load_json
 
 ARCHIVE_ROOT = REPO / "results" / "reproduce"
 ARCHIVED_FILES = ("results.json", "config_resolved.yaml", "metrics.jsonl")  # ~20 KB a run
@@ -52,9 +51,9 @@ def archive_run(run: Path, dest: Path, reused_from: str | None = None) -> bool:
         write_bytes(target, data)
         changed = True
     record = {"run_dir": str(run), "reused_from": reused_from,
-              "trained_on": trained_on(json.loads((run / "results.json").read_text()).get("meta") or {})}
+              "trained_on": trained_on(load_json(run / "results.json").get("meta") or {})}
     rec_file = dest / "record.json"
-    old = json.loads(rec_file.read_text()) if rec_file.is_file() else None
+    old = load_json(rec_file) if rec_file.is_file() else None
     if changed or old is None or old.get("reused_from") != reused_from:
         write_json(rec_file, record)
         changed = True
@@ -90,7 +89,7 @@ def archived_detail(d: Path) -> str:
     """The job-state detail of an archived job: ``reused: <link>`` for a linked run (so the comparison still
     lists it under reused), else ``archived: <record dir>``."""
     rec_file = d / "record.json"
-    rec = json.loads(rec_file.read_text()) if rec_file.is_file() else {}
+    rec = load_json(rec_file) if rec_file.is_file() else {}
     try:
         where = str(d.relative_to(REPO))
     except ValueError:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flatbnn.bench.mps import start_mps, stop_mps
+from flatbnn.engine.validate import ConfigError, check_values
 from flatbnn.reproduce import archive, cost, launch, preflight
 from flatbnn.reproduce.compare import archive_row
 from flatbnn.reproduce.compare_markdown import write_comparison
@@ -142,6 +143,10 @@ def plan(rows: list[str] | None, *, device: str, data: dict[str, str] | None = N
             if more:
                 cell_extra += more
                 cfg = launch.compose_cell(list(cell.overrides) + cell_extra)
+            try:  # a bad value after -- (optimizer.lr=fast): one line now, not a failure of every job
+                check_values(cfg)
+            except ConfigError as e:
+                raise SpecError(f"{what}: {e} (with the overrides after --: {' '.join(cell_extra) or 'none'})") from None
             est = cost.estimate(cfg, device)
             problem = _data_problem(row, cell, str(cfg.dataset.name), cell_extra, seen) if check_data else None
             if problem:
@@ -158,7 +163,7 @@ def plan(rows: list[str] | None, *, device: str, data: dict[str, str] | None = N
                 job.epochs_done = epochs_done(job.run)
                 if job.key in busy:  # another campaign (or a user's train.py) trains this run now: leave it to it
                     run, who = busy[job.key]
-                    why = (f"{who} trains it now" if run.resolve() == job.run.resolve() else
+                    why = (f"left to {who}, which trains it now" if run.resolve() == job.run.resolve() else
                            f"the same training run as {run}, which {who} trains now (rerun: then it is linked)")
                     p.skipped.append((job.name, f"{why}; rerun the campaign after that ends", job.describe()))
                     continue
@@ -289,7 +294,8 @@ def run(p: Plan, *, budget_s: float, procs: int = 1, gpus: int = 0, margin_s: fl
     res = {"finished": [], "linked": [], "taken": [], "interrupted": [], "failed": {}, "not_started": [],
            "stopped": False}
     stop = {"signal": None}
-    old = {s: signal.signal(s, lambda signum, _f: stop.update(signal=signum)) for s in (signal.SIGTERM, signal.SIGINT)}
+    old = {s: signal.signal(s, lambda signum, _f: stop.update(signal=signum))
+           for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)}
     sent_at = None
     searches: dict[str, Path] = {}
     mps = start_mps() if gpus and procs > 1 else False
@@ -299,35 +305,41 @@ def run(p: Plan, *, budget_s: float, procs: int = 1, gpus: int = 0, margin_s: fl
             if (now >= deadline or stop["signal"]) and sent_at is None:
                 res["stopped"] = True
                 sent_at = now
-                for _, pr, _ in running.values():
+                for _, pr, _, _ in running.values():
                     pr.send_signal(signal.SIGTERM)  # train.py: finish the step, checkpoint, exit 75
                 _log(f"{'budget spent' if not stop['signal'] else 'stop signal'}: stopping {len(running)} job(s)")
             if sent_at is not None and now - sent_at > max(margin_s / 2, 5):
-                for _, pr, _ in running.values():
+                for _, pr, _, _ in running.values():
                     pr.kill()  # its last epoch checkpoint stays; the next call resumes from there
             while sent_at is None and queue and len(running) < slots:
                 job = queue.pop(0)
-                if taken := _taken(job):  # another campaign got to it after this one planned: never two trainers
-                    res["taken"].append(job.name)
-                    _log(f"skip {job.name}: {taken}")
-                    continue
                 left = deadline - clock()
                 if p.device == "cpu" and job.seconds_left > left and not (job.run / "checkpoints").is_dir():
                     res["not_started"].append(job.name)  # a CPU cannot finish it in what is left: leave it
                     continue
+                lock, taken = _claim(job)
+                if taken:  # another campaign / launcher got to it after this one planned: never two trainers
+                    res["taken"].append(job.name)
+                    _log(f"skip {job.name}: {taken}")
+                    continue
                 slot = next(i for i in range(slots) if i not in running)
-                if job.row.row not in searches:
-                    searches[job.row.row] = launch.write_cells(job.row, [c for c in job.row.cells_for(PAPER)
-                                                                         if not c.blocked], PAPER, job.out,
-                                                               list(job.overrides))[0]
-                running[slot] = (job, *_start(job, searches[job.row.row], slot, procs, gpus))
+                try:
+                    if job.row.row not in searches:
+                        searches[job.row.row] = launch.write_cells(job.row, [c for c in job.row.cells_for(PAPER)
+                                                                             if not c.blocked], PAPER, job.out,
+                                                                   list(job.overrides))[0]
+                    running[slot] = (job, *_start(job, searches[job.row.row], slot, procs, gpus), lock)
+                except BaseException:
+                    lock.release()
+                    raise
                 _log(f"start {job.name} ({job.describe()})")
             for slot in list(running):
-                job, pr, logf = running[slot]
+                job, pr, logf, lock = running[slot]
                 rc = pr.poll()
                 if rc is None:
                     continue
                 logf.close()
+                lock.release()  # the lock train.py took over stays its (released at its exit); ours is removed
                 del running[slot]
                 if rc == 0 and (job.run / "results.json").is_file():
                     res["finished"].append(job.name)
@@ -352,6 +364,8 @@ def run(p: Plan, *, budget_s: float, procs: int = 1, gpus: int = 0, margin_s: fl
                 time.sleep(poll_s)
         res["not_started"] += [j.name for j in queue] + [n for n in p.follow if n not in res["linked"]]
     finally:
+        for _, _, _, lock in running.values():  # an error of this process: no lock of a job it started stays its
+            lock.release()
         for s, h in old.items():
             signal.signal(s, h)
         if mps:
@@ -359,23 +373,36 @@ def run(p: Plan, *, budget_s: float, procs: int = 1, gpus: int = 0, margin_s: fl
     return res
 
 
-def _taken(job: Job) -> str | None:
-    """Why ``job`` is no longer this campaign's to start (another campaign on this machine planned it too, and got
-    there first): its run finished meanwhile, or a live process holds its run-dir lock. None: start it."""
-    from flatbnn.engine.lock import live_holder
+def _claim(job: Job):
+    """``(lock, None)``: ``job``'s run-dir lock, taken by this process to start the job's train.py (which takes it
+    over: engine/lock.py HANDOVER_ENV) -- checking and claiming are one atomic step, so of two campaigns or launchers
+    that planned the same job only one starts it. ``(None, why)``: its run finished meanwhile, or another live
+    process holds the lock (``left to pid N on host H (since T)``): skipped, never failed."""
+    from flatbnn.engine.lock import RunDirLock, RunDirLocked
 
+    finished = "finished meanwhile by another process"
     if (job.run / "results.json").is_file():
-        return "finished meanwhile by another process"
-    who = live_holder(job.run)
-    return f"{who} trains it now: left to it" if who else None
+        return None, finished
+    lock = RunDirLock(job.run)
+    try:
+        lock.acquire()
+    except RunDirLocked as e:
+        return None, f"left to {e.holder}, which trains it now" if e.holder else " ".join(str(e).split())
+    if (job.run / "results.json").is_file():  # finished between the check and the lock
+        lock.release()
+        return None, finished
+    return lock, None
 
 
 def _log_path(job: Job) -> Path:
-    return job.out / ".campaign" / f"{launch.cell_config_name(job.cell.id, job.seed)}.log"
+    """This process's log of ``job`` (per process: two campaigns never append to one file)."""
+    return job.out / ".campaign" / f"{launch.cell_config_name(job.cell.id, job.seed)}.pid{os.getpid()}.log"
 
 
 def _start(job: Job, search: Path, slot: int, procs: int, gpus: int):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    from flatbnn.engine.lock import HANDOVER_ENV
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **{HANDOVER_ENV: str(os.getpid())})  # the run-dir lock (_claim)
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = str(slot // max(1, procs))
     elif "OMP_NUM_THREADS" not in os.environ:  # CPU processes side by side: split the cores, no oversubscription

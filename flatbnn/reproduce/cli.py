@@ -66,6 +66,8 @@ def _run_row(name: str, args, extra: list[str]) -> int:
     from flatbnn.reproduce.compare_markdown import write_comparison
 
     row = load_row(name)
+    if not args.no_compare and not args.dry_run:
+        row.paper_data()  # a bad paper file: one line now (UnreadableFile, exit 2), not after every job has trained
     out = _sweep_dir(args, name)
     if row.kind != "script" and row.scale(args.scale) is None:
         print(f"reproduce {name}: no {args.scale} scale ({row.blocked or row.scale_missing_reason(args.scale)})",
@@ -97,13 +99,20 @@ def _run_row(name: str, args, extra: list[str]) -> int:
         failed = [f"{k}: {v['detail']}" for k, v in summary["jobs"].items() if v["state"] == "failed"]
         for line in failed:
             print(f"  FAILED {line}", file=sys.stderr)
+        left = [f"{k}: {v['detail']}" for k, v in summary["jobs"].items() if v["state"] == "running"]
+        for line in left:
+            print(f"  {line}", file=sys.stderr)
         # every job done is success, whoever ran it: a second launcher of the row (another terminal, a duplicate
-        # CI job) had its members refused by the run dirs' locks (exit 1) while the first finished them
-        unfinished = [k for k, v in summary["jobs"].items() if v["state"] != "done"]
+        # CI job, a campaign) had its members refused by the run dirs' locks while the first finished them -- or
+        # trains them still: left to it, not failed (its comparison counts them when it ends)
+        unfinished = [k for k, v in summary["jobs"].items() if v["state"] not in ("done", "running")]
         rc = 1 if failed or (summary["returncode"] != 0 and unfinished) else 0
         if summary["returncode"] in (75, 130):  # stopped (signal / Ctrl-C): checkpointed, rerun to resume
-            print(f"reproduce {name}: stopped (exit {summary['returncode']}); the running job checkpointed: rerun "
-                  f"the same command to resume", file=sys.stderr)
+            done = summary.get("checkpointed") or []
+            what = (f"the running job ({', '.join(done)}) checkpointed" if done else
+                    "it stopped between jobs or before the first step (no job had a step to checkpoint)")
+            print(f"reproduce {name}: stopped (exit {summary['returncode']}); {what}: rerun the same command to go on",
+                  file=sys.stderr)
             return summary["returncode"]
     if not args.dry_run and not args.no_compare:
         root = _results_root(args)

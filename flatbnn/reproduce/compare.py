@@ -16,7 +16,6 @@ cells are shown, the rest marked.
 from __future__ import annotations
 
 import fnmatch
-import json
 import math
 import os
 from datetime import datetime, timezone
@@ -28,7 +27,7 @@ from flatbnn.engine.report import CHANCE_SE
 from flatbnn.reproduce import archive, claims, curves
 from flatbnn.reproduce.launch import OUTPUT_ROOT, checks_staleness, job_state, run_dir, stale_detail, stale_run
 from flatbnn.reproduce.protocol import fidelity_summary
-from flatbnn.reproduce.spec import REPO, Row
+from flatbnn.reproduce.spec import REPO, Row, load_json, load_yaml
 from flatbnn.reproduce.stats import NOISE_ALPHA, SeedStats, is_finite, seed_difference_test, seed_stats
 
 RESULTS_ROOT = REPO / "results" / "reproduce"
@@ -81,7 +80,7 @@ def collect(row: Row, scale: str, out: Path | None = None, archive_root: Path | 
             if state == "done" and checks_staleness(row, scale) and (why := stale_run(cell, seed, d)):
                 state, detail = "stale", stale_detail(row, scale, cell.id, seed, why)
             if state == "done":
-                runs.append(_with_curve_metrics(json.loads((d / "results.json").read_text()), d, curve_metrics))
+                runs.append(_with_curve_metrics(load_json(d / "results.json"), d, curve_metrics))
                 chance.append(_at_chance(runs[-1], d))
             states[seed] = (state, detail)
         cells[cell.id] = {"runs": runs, "states": states, "blocked": cell.blocked,
@@ -100,7 +99,7 @@ def _at_chance(result: dict, run: Path) -> bool:
     its pairs are undecided, whatever the third decimal of its accuracy says. Unknown K or n: False."""
     acc, n = _get(result, "metrics.accuracy"), _get(result, "meta.budget.test_size")
     try:
-        k = int(_get(yaml.safe_load((run / "config_resolved.yaml").read_text()) or {}, "model.num_classes"))
+        k = int(_get(load_yaml(run / "config_resolved.yaml") or {}, "model.num_classes"))
     except (OSError, TypeError, ValueError, yaml.YAMLError):
         return False
     if not is_finite(acc) or not n or k < 2:
@@ -132,7 +131,7 @@ def _script_cells(row: Row, out: Path, curve_metrics: dict | None = None) -> dic
     if not spec:
         return {}
     path = out / spec["file"]
-    data = json.loads(path.read_text()) if path.exists() else None
+    data = load_json(path) if path.exists() else None
     cells = {}
     for cell in row.cells or []:
         if spec.get("runs"):
@@ -252,7 +251,7 @@ def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | No
     script = None
     launch_file = Path(ours["out"]) / "launch.json"
     if row.kind == "script" and launch_file.exists():
-        script = json.loads(launch_file.read_text())
+        script = load_json(launch_file)
     return {"script": script, "row": row.row, "paper": row.paper, "title": row.title, "scale": scale, "out": ours["out"],
             "table": table, "ours_only": ours_only, "extra_table": extra, "direction": direction, "budget": _budget(row, scale, runs),
             "jobs": jobs, "claims": judge_claims(row, pd, table + extra, jobs) if scale != "smoke" else [],

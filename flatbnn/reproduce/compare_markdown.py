@@ -19,7 +19,7 @@ from flatbnn.reproduce.compare import (NOISE_ALPHA, NOT_AT_SCALE, RESULTS_ROOT, 
 from flatbnn.reproduce.cost import cost_left, fmt_duration
 from flatbnn.reproduce.figures import draw_figures
 from flatbnn.reproduce.launch import OUTPUT_ROOT
-from flatbnn.reproduce.spec import Row
+from flatbnn.reproduce.spec import Row, load_json
 from flatbnn.reproduce.stats import NAN_POLICY, nonfinite_note
 
 SCALE_BANNER = {
@@ -350,7 +350,7 @@ def _rejudge_claims(row: Row, scale: str, existing: Path) -> None:
     the claims changed, the page when its claims section reads otherwise."""
     if scale == "smoke":
         return
-    kept = json.loads(existing.read_text())
+    kept = load_json(existing)
     fresh = judge_claims(row, row.paper_data() or {}, (kept.get("table") or []) + (kept.get("extra_table") or []),
                          kept.get("jobs") or {})
     page = existing.with_suffix(".md")

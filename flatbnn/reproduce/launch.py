@@ -16,13 +16,14 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
 
 from flatbnn import resources
 from flatbnn.engine.checkpoint import write_json, write_text
-from flatbnn.reproduce.spec import REPO, Cell, Row, SpecError, rows_reading
+from flatbnn.reproduce.spec import REPO, Cell, Row, SpecError, load_json, load_yaml, rows_reading
 
 CONFIGS = resources.CONFIGS_DIR
 OUTPUT_ROOT = Path(os.environ.get("FLATBNN_REPRODUCE_DIR", REPO / "outputs" / "reproduce"))
@@ -157,19 +158,25 @@ def compose_cell(overrides: list[str]):
 
 
 def check_extra(cells: list[Cell], extra: list[str]) -> None:
-    """The command line's overrides (``run <row> -- key=value ...``) compose with the row's first cell, checked
+    """The command line's overrides (``run <row> -- key=value ...``) compose with the row's first cell and pass the
+    schema's types and ranges (engine/validate.check_values: ``optimizer.lr=fast``, ``trainer.epochs=-1``), checked
     once before anything is written or launched: a bad key or value is refused up front (SpecError: one line,
     exit 2) instead of failing every job of the sweep."""
     if not cells or not extra:
         return
     from flatbnn.cli import hydra_error_line
+    from flatbnn.engine.validate import ConfigError, check_values
+    bad = [o for o in extra if not is_hydra_override(o)]
     try:
-        compose_cell(list(cells[0].overrides) + list(extra))
+        cfg = compose_cell(list(cells[0].overrides) + list(extra))
     except Exception as e:  # noqa: BLE001 -- any composition error: the line Hydra's would be at train.py
         line = hydra_error_line(e) or " ".join(str(e).split())[:300]
-        bad = [o for o in extra if not is_hydra_override(o)]
         raise SpecError(f"the overrides after -- ({' '.join(bad)}) do not compose with cell {cells[0].id}: {line}"
                         ) from None
+    try:
+        check_values(cfg)
+    except ConfigError as e:  # the line train.py would print in every job
+        raise SpecError(f"the overrides after -- ({' '.join(bad)}) give cell {cells[0].id} a bad value: {e}") from None
 
 
 def smoke_overrides(cfg, fake_roots: dict[str, Path]) -> list[str]:
@@ -295,9 +302,9 @@ def _finished_runs_elsewhere(out: Path, scale: str, row_name: str | None = None)
         if run.is_symlink() or not (run / "results.json").exists():
             return
         rec = run / "record.json"
-        if rec.is_file() and json.loads(rec.read_text()).get("reused_from"):
+        if rec.is_file() and load_json(rec).get("reused_from"):
             return
-        cfg = yaml.safe_load(cfg_file.read_text()) or {}
+        cfg = load_yaml(cfg_file) or {}
         index.setdefault((_canon(cfg.get("seed")), _canon(config_key(cfg))), run)
 
     roots = [Path(OUTPUT_ROOT)]
@@ -370,9 +377,9 @@ def stale_run(cell: Cell, seed: int, run: Path, scale: str | None = None) -> str
     cfg_file, res = Path(run) / "config_resolved.yaml", Path(run) / "results.json"
     if not cfg_file.is_file() or not res.is_file():
         return None
-    meta = json.loads(res.read_text()).get("meta") or {}
+    meta = load_json(res).get("meta") or {}
     extra = tuple(o for o in meta.get("overrides") or [] if not o.startswith("+cell="))
-    ran_cfg = yaml.safe_load(cfg_file.read_text()) or {}
+    ran_cfg = load_yaml(cfg_file) or {}
     scale = scale or (ran_cfg.get("reproduce") or {}).get("scale")
     try:
         want = _spec_config_key(tuple(run_overrides(cell, scale, extra)) + extra, seed)
@@ -533,14 +540,19 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
         if not dry_run:
             link_reused(out, cid, seed, src)
     todo = [(c, s) for c, s in todo if (c.id, s) not in reuse]
+    held = {} if dry_run else _held_elsewhere(out, todo)  # another launcher or campaign trains them now
+    for (cid, seed), who in held.items():
+        print(f"  {cid}/seed{seed}: left to {who}, which trains it now", file=sys.stderr)
+    todo = [(c, s) for c, s in todo if (c.id, s) not in held]
     for c, s in todo:  # a failure marker from an earlier attempt must not outlive a new one
         if force and run_dir(out, c.id, s).is_symlink():  # a reused run: rerun into our own dir, not the source's
             run_dir(out, c.id, s).unlink()
         (run_dir(out, c.id, s) / "failed.txt").unlink(missing_ok=True)
     print(f"reproduce {row.row} ({scale}): {len(jobs)} jobs, "
-          f"{len(jobs) - len(todo) - len(reuse) - len(on_record)} already done, "
+          f"{len(jobs) - len(todo) - len(reuse) - len(on_record) - len(held)} already done, "
           + (f"{len(on_record)} on record (--missing), " if missing else "")
-          + f"{len(reuse)} reused from other rows, {len(todo)} to run, {len(blocked)} cells blocked", file=sys.stderr)
+          + f"{len(reuse)} reused from other rows, " + (f"{len(held)} left to other processes, " if held else "")
+          + f"{len(todo)} to run, {len(blocked)} cells blocked", file=sys.stderr)
     if not force and checks_staleness(row, scale):
         stale = [(f"{c.id}/seed{s}", why) for c, s in jobs if (c, s) not in todo and (c.id, s) not in reuse
                  and (why := stale_run(c, s, run_dir(out, c.id, s)))]
@@ -559,7 +571,7 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
     rc = 0
     # one multirun (a job array) per stage: the cells that fine-tune another cell's run (spec: scales.<scale>.
     # init_from) after the others
-    commands = []
+    commands, checkpointed = [], []
     for stage in ([(c, s) for c, s in todo if not c.init_from], [(c, s) for c, s in todo if c.init_from]):
         if stage and stage[0][0].init_from:
             stage, rc = _with_finished_sources(stage, out, row, scale, dry_run, rc)
@@ -571,20 +583,49 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
         if not dry_run:
             if force:
                 cmd.append("trainer.resume=false")
+            started = time.time()
             rc = run_sweep(cmd) or rc
             if rc in (75, 130):  # stopped: the rerun resumes; dependents wait for their sources
+                checkpointed = [f"{c.id}/seed{s}" for c, s in stage if _checkpointed_since(out, c.id, s, started)]
                 break
     states = {f"{c.id}/seed{s}": (("done", archived_detail(on_record[c.id, s])) if (c.id, s) in on_record
-                                  else job_state(out, c.id, s)) for c, s in jobs}
+                                  else _state_here(out, c.id, s)) for c, s in jobs}
     if scale == "smoke" and not dry_run and not rows_reading(row.row, scale):
         drop_finished_checkpoints(out, jobs)
     summary = {"row": row.row, "scale": scale, "out": str(out), "returncode": rc,
                "command": commands[0] if commands else [], "commands": commands,
                "jobs": {k: {"state": st, "detail": d} for k, (st, d) in states.items()},
-               "blocked": blocked}
+               "blocked": blocked, "checkpointed": checkpointed}  # stopped: the jobs that wrote a checkpoint then
     if not dry_run:
         write_json(out / "launch.json", summary)
     return summary
+
+
+def _checkpointed_since(out: Path, cell_id: str, seed: int, t: float) -> bool:
+    """Did (cell, seed) write a checkpoint since ``t`` and not finish (a stopped sweep's running job)?"""
+    d = run_dir(out, cell_id, seed)
+    try:
+        return not (d / "results.json").exists() and (d / "checkpoints" / "last.pt").stat().st_mtime >= t
+    except OSError:
+        return False
+
+
+def _held_elsewhere(out: Path, jobs) -> dict[tuple[str, int], str]:
+    """{(cell id, seed): 'pid N on host H (since T)'} of the jobs whose run-dir lock a live process holds now."""
+    from flatbnn.engine.lock import live_holder
+
+    return {(c.id, s): who for c, s in jobs if (who := live_holder(run_dir(out, c.id, s)))}
+
+
+def _state_here(out: Path, cell_id: str, seed: int) -> tuple[str, str]:
+    """``job_state``, except that an unfinished job another live process trains now (a second launcher or a campaign on
+    the same --out; this one's member was refused its locked run dir) is ``running``, ``left to pid N ...``: not
+    failed, not this launcher's to finish."""
+    state = job_state(out, cell_id, seed)
+    if state[0] == "done":
+        return state
+    who = _held_elsewhere(out, [(Cell(cell_id, [], [seed]), seed)]).get((cell_id, seed))
+    return ("running", f"left to {who}, which trains it now") if who else state
 
 
 def _with_finished_sources(stage: list, out: Path, row: Row, scale: str, dry_run: bool, rc: int) -> tuple[list, int]:

@@ -27,6 +27,41 @@ class SpecError(ValueError):
     """A row spec or paper-data file that does not follow docs/reproduce.md (one-line message)."""
 
 
+class UnreadableFile(SpecError):
+    """A record, results.json, comparison or YAML file that does not parse (truncated, corrupt, a YAML syntax error):
+    ``file:line:column: message``, one line, exit 2 -- not a parser's traceback naming ``<unicode string>``."""
+
+
+_UNREADABLE_HINT = "truncated or corrupt: restore it (git checkout) or rerun the job that wrote it"
+
+
+def load_json(path: Path):
+    """``path``'s JSON; an unreadable file is :class:`UnreadableFile` naming the file, line and column."""
+    import json
+
+    path = Path(path)
+    text = path.read_text()
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        line, col = (e.lineno, e.colno) if isinstance(e, json.JSONDecodeError) else (1, 1)
+        raise UnreadableFile(f"{path}:{line}:{col}: {getattr(e, 'msg', e)} ({_UNREADABLE_HINT})") from None
+
+
+def load_yaml(path: Path):
+    """``path``'s YAML (``None`` for an empty file); a syntax error is :class:`UnreadableFile` naming the file,
+    line and column (PyYAML names ``<unicode string>``)."""
+    path = Path(path)
+    text = path.read_text()
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else f"{path}:1:1"
+        what = " ".join(f"{getattr(e, 'context', None) or ''} {getattr(e, 'problem', None) or ''}".split())
+        raise UnreadableFile(f"{where}: YAML syntax error: {what or type(e).__name__}") from None
+
+
 @dataclass
 class Cell:
     id: str
@@ -197,7 +232,7 @@ def load_row(name_or_path: str | Path) -> Row:
 
 def _read_spec(path: Path, depth: int = 0) -> dict:
     """A spec's YAML; ``extends: <row>`` starts from that row's spec (top-level keys of this file replace it)."""
-    data = yaml.safe_load(path.read_text()) or {}
+    data = load_yaml(path) or {}
     parent = data.pop("extends", None)
     if parent is None:
         return data
@@ -226,7 +261,8 @@ def rows_reading(name: str, scale: str) -> list[str]:
 
 def load_paper_data(path: str | Path) -> dict:
     path = Path(path)
-    data = yaml.safe_load(path.read_text()) or {}
+    data = load_yaml(path) or {}
+    _check(isinstance(data, dict), path, f"a YAML {type(data).__name__}, not a mapping of keys")
     for key in ("row", "paper", "cells"):
         _check(key in data, path, f"missing key {key!r}")
     metrics = data.get("metrics") or {}
@@ -267,4 +303,4 @@ def check_all() -> list[str]:
             load_paper_data(p)
         except SpecError as e:
             problems.append(str(e))
-    return problems
+    return list(dict.fromkeys(problems))  # a bad paper file is found by its row and by itself: said once

@@ -6,7 +6,6 @@ Generated only from the files the pipeline writes (``rows/*.yaml``, ``results/pa
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -16,7 +15,9 @@ from flatbnn.reproduce.claims import (PAPER_N_ASSUMED, VERDICTS, cell_axes, judg
 from flatbnn.reproduce.compare import RESULTS_ROOT, paper_progress
 from flatbnn.reproduce.compare_markdown import progress_sentence
 from flatbnn.reproduce.protocol import fidelity_summary
-from flatbnn.reproduce.spec import PAPER_DIR, REPO, SCALES, SpecError, list_rows, load_paper_data, load_row
+from flatbnn.reproduce import spec
+from flatbnn.reproduce.spec import (PAPER_DIR, REPO, SCALES, SpecError, list_rows, load_json, load_paper_data,
+                                    load_row, load_yaml)
 
 STATUS_PATH = REPO / "results" / "STATUS.md"
 
@@ -28,7 +29,7 @@ def _scale_state(row, scale: str) -> str:
     f = RESULTS_ROOT / row.row / f"{scale}.json"
     if not f.exists():
         return f"not run (0/{_paper_cells(row)} cells)" if scale == "paper" and row.kind == "train" else "not run"
-    c = json.loads(f.read_text())
+    c = load_json(f)
     link = f"[{scale}](reproduce/{row.row}/{scale}.md)" if (RESULTS_ROOT / row.row / f"{scale}.md").exists() else scale
     if row.kind == "script":
         s = c.get("script") or {}
@@ -116,7 +117,7 @@ def _paper_headline() -> str:
         if not f.exists():  # not started: its cells still count in the total
             total["cells"] += _paper_cells(row)
             continue
-        pr = paper_progress(json.loads(f.read_text()))
+        pr = paper_progress(load_json(f))
         rows += 1 if pr["done"] else 0
         for k in total:
             total[k] += pr[k]
@@ -151,7 +152,7 @@ def _claims_by_scale(name: str) -> dict:
     out = {}
     for scale in CLAIM_SCALES:
         f = RESULTS_ROOT / name / f"{scale}.json"
-        out[scale] = {c["id"]: c for c in json.loads(f.read_text()).get("claims") or []} if f.exists() else {}
+        out[scale] = {c["id"]: c for c in load_json(f).get("claims") or []} if f.exists() else {}
     return out
 
 
@@ -263,7 +264,21 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_status(path: Path = STATUS_PATH) -> Path:
+def check_readable() -> None:
+    """Every file the board reads parses -- the row specs and paper files (a YAML syntax error, e.g. an unescaped
+    quote in a claim's ``quote:``) and the committed comparisons (a truncated ``<row>/<scale>.json``) -- else
+    :class:`~flatbnn.reproduce.spec.UnreadableFile` (``file:line:column: message``, exit 2) before anything is
+    written. A file that parses but breaks the schema is shown on the board as ``invalid``."""
+    for f in sorted(spec.ROWS_DIR.glob("*.yaml")) + sorted(PAPER_DIR.glob("*.yaml")):
+        load_yaml(f)
+    for f in sorted(Path(RESULTS_ROOT).glob("*/*.json")):
+        load_json(f)
+
+
+def write_status(path: Path | None = None) -> Path:
+    path = Path(path or STATUS_PATH)
+    check_readable()
+    text = render()
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(path, render())
+    write_text(path, text)
     return path

@@ -192,13 +192,17 @@ def pack_joblogs(runs_root: Path, dest: Path) -> int:
     import io
 
     tmp = dest.with_name(f".{dest.name}.tmp")
-    with tarfile.open(tmp, "w:gz") as tar:
-        for f in sorted(runs_root.glob("*/paper/.campaign/*.log")):
-            data = log_excerpt(f.read_bytes())
-            info = tarfile.TarInfo(f"{f.parent.parent.parent.name}/{f.name}")
-            info.size, info.mtime = len(data), int(f.stat().st_mtime)
-            tar.addfile(info, io.BytesIO(data))
-    os.replace(tmp, dest)
+    try:
+        with tarfile.open(tmp, "w:gz") as tar:
+            for f in sorted(runs_root.glob("*/paper/.campaign/*.log")):
+                data = log_excerpt(f.read_bytes())
+                info = tarfile.TarInfo(f"{f.parent.parent.parent.name}/{f.name}")
+                info.size, info.mtime = len(data), int(f.stat().st_mtime)
+                tar.addfile(info, io.BytesIO(data))
+        os.replace(tmp, dest)
+    except BaseException:  # a stop signal mid-write (main): no half archive in $OUT
+        tmp.unlink(missing_ok=True)
+        raise
     return dest.stat().st_size
 
 
@@ -223,7 +227,7 @@ def run_window(out: Path, *, minutes: float, dry: bool, data_dir: Path | None, r
     if stray:
         raise FileExistsError(f"{out} is not empty ({', '.join(stray[:4])}): the window writes a fresh $OUT")
     log = Log(out / "window.log", t0)
-    work = Path(work) if work is not None else Path(os.environ.get("TMPDIR", "/tmp")) / f"flatbnn-window-{os.getpid()}"
+    work = Path(work) if work is not None else default_work()
     summary: dict = {"minutes": minutes, "dry_run": dry, "timeline": {}, "files": {}}
 
     def mark(what: str) -> None:
@@ -299,6 +303,87 @@ def run_window(out: Path, *, minutes: float, dry: bool, data_dir: Path | None, r
     return summary
 
 
+def default_work() -> Path:
+    """The window's scratch folder when ``--work`` names none: data, caches, a dry run's outputs."""
+    return Path(os.environ.get("TMPDIR", "/tmp")) / f"flatbnn-window-{os.getpid()}"
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+EXIT_STOPPED, EXIT_INTERRUPTED = 75, 130  # as train.py and scripts/campaign.py: a stop (rerun), Ctrl-C
+
+
+class Stopped(BaseException):  # not an Exception: no `except Exception` on the way swallows it
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc; [] elsewhere), children first."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop(0)
+        kids = []
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                kids += [int(x) for x in Path(f"/proc/{p}/task/{task}/children").read_text().split()]
+        except OSError:
+            continue
+        found += kids
+        todo += kids
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def stop_children(grace_s: float = 30.0) -> int:
+    """SIGTERM to every process this one started (the self-check's children, the campaign and its train.py jobs,
+    which checkpoint and exit 75), up to ``grace_s`` for them to end, then SIGKILL; returns how many there were."""
+    kids = _descendants(os.getpid())
+    for pid in kids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    end = time.monotonic() + grace_s
+    while any(_alive(p) for p in kids) and time.monotonic() < end:
+        time.sleep(0.1)
+    for pid in kids:
+        if _alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    return len(kids)
+
+
+def _stopped(e: Stopped, out: Path, work: Path, own_work: bool) -> int:
+    """After a stop signal: the children stopped, the scratch folder this window made and the half-written files of
+    ``$OUT`` removed; one line (also in window.log); 75, or 130 for Ctrl-C."""
+    import shutil
+
+    for sig in STOP_SIGNALS:  # the way out runs to its end
+        signal.signal(sig, signal.SIG_IGN)
+    n = stop_children()
+    for f in list(out.glob(".*.tmp")) + list(out.glob(".procs.*.json")) if out.is_dir() else []:
+        f.unlink(missing_ok=True)
+    removed = own_work and work.exists()
+    if removed:
+        shutil.rmtree(work, ignore_errors=True)
+    line = (f"window: stopped by {e}: {n} child process(es) stopped" + (f", {work} removed" if removed else "")
+            + f"; {out} keeps what was written (window.log, selfcheck.json); rerun to try again")
+    if (out / "window.log").is_file():
+        with open(out / "window.log", "a") as f:
+            f.write(line + "\n")
+    print(line, file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED if e.signum == signal.SIGINT else EXIT_STOPPED
+
+
 def _caps(value: str) -> dict[str, float]:
     out = {}
     for item in (v for v in value.split(",") if v):
@@ -330,13 +415,24 @@ def main(argv=None) -> int:
     if args.data_dir is not None and not args.data_dir.is_dir():
         print(f"window: --data-dir {args.data_dir}: no such folder (make gpu-window-prepare builds it)", file=sys.stderr)
         return 2
+    work = args.work or default_work()
+
+    def stop(signum, frame):
+        raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
     try:
         run_window(args.out, minutes=args.minutes, dry=args.dry_run, data_dir=args.data_dir,
-                   rows=[r for r in args.rows.split(",") if r] if args.rows else None, work=args.work,
+                   rows=[r for r in args.rows.split(",") if r] if args.rows else None, work=work,
                    extra=extra, caps=args.cap, procs=args.procs, selfcheck_s=args.selfcheck_s)
     except FileExistsError as e:
         print(f"window: {e}", file=sys.stderr)
         return 2
+    except Stopped as e:  # Ctrl-C, a timeout's SIGTERM: one line, 75 / 130, nothing of this window left running
+        return _stopped(e, args.out, work, own_work=args.work is None)
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
     return 0
 
 

@@ -106,6 +106,58 @@ def _slow_steps(seconds: float) -> None:
     Trainer.to_device = patched
 
 
+def _signal_while_writing(name: str, signum: str = "SIGTERM") -> None:
+    """``signum`` to this process half-way through writing a file named ``name`` (its temp file holds a part)."""
+    import signal
+
+    from flatbnn import atomic_io
+    write = atomic_io.atomic_write
+
+    def patched(path, writer):
+        if os.path.basename(str(path)) != name:
+            return write(path, writer)
+
+        def half(f):
+            f.write(b'{"metrics": ')
+            f.flush()
+            signal.raise_signal(getattr(signal, signum))
+            writer(f)
+        return write(path, half)
+
+    atomic_io.atomic_write = patched
+
+
+def _disk_full_at_hydra_start() -> None:
+    """A full disk when Hydra writes the run dir's ``.hydra/config.yaml``: the file is created, its write fails (as
+    the flush of ``open(...).write`` does: an ENOSPC without a file name)."""
+    import errno
+
+    import hydra.core.utils as utils  # Hydra's run_job looks _save_config up here
+
+    def patched(cfg, filename, output_dir):
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / filename).touch()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    utils._save_config = patched
+
+
+def _signal_in(dotted: str, signum: str = "SIGTERM") -> None:
+    """``signum`` to this process when ``module.function`` is called (e.g. while a campaign plans), then wait."""
+    import importlib
+    import signal
+    import time
+
+    module, _, func = dotted.rpartition(".")
+    mod = importlib.import_module(module)
+
+    def patched(*args, **kwargs):
+        signal.raise_signal(getattr(signal, signum))
+        time.sleep(30)
+
+    setattr(mod, func, patched)
+
+
 if _NAME == "slow_steps":
     _slow_steps(float(_ARG))
 elif _NAME == "stop_at_step":
@@ -116,5 +168,11 @@ elif _NAME == "sigint_group_importing" and "--multirun" in sys.argv:
     _sigint_group_while_importing(_ARG or "hydra")
 elif _NAME == "disk_full_at_save":
     _disk_full_at_save(int(_ARG))
+elif _NAME == "signal_while_writing":
+    _signal_while_writing(*_ARG.split(","))
+elif _NAME == "disk_full_at_hydra_start":
+    _disk_full_at_hydra_start()
+elif _NAME == "signal_in":
+    _signal_in(*_ARG.split(","))
 elif _NAME == "hydra_files_rewritten":
     _another_process_rewrites_hydra_files()

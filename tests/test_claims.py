@@ -390,6 +390,11 @@ def test_a_kept_page_gets_its_claims_section_spliced_in_and_nothing_else_changes
     assert twice.count("## The paper's claims") == 1 and "### `x`: **direction opposes**" in twice
     assert twice.replace("**direction opposes**", "**direction agrees**") == once
     assert compare_markdown.splice_claims("# T\n\n## Cells\n", c).startswith("# T\n\n## Cells\n\n## The paper's claims")
+    # a paper page's priced 'Still to run' section follows the claims and survives every splice (make regen's
+    # rejudge used to delete it)
+    paper = "# T\n\n## Cells\n\n| x |\n\n## Still to run\n\n| cell | runs left |\n\n<details>\n\nnotes\n</details>\n"
+    spliced = compare_markdown.splice_claims(compare_markdown.splice_claims(paper, c), c2)
+    assert spliced.endswith("\n\n## Still to run\n\n| cell | runs left |\n\n<details>\n\nnotes\n</details>\n")
 
 
 # ------------------------------------------------------------------------------------------ curve metrics

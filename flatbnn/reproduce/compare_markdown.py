@@ -379,7 +379,7 @@ def rejudge_all(root: Path = RESULTS_ROOT) -> list[Path]:
 
 
 # the sections to_markdown writes after the claims: a spliced claims section goes before the first of them
-_AFTER_CLAIMS = ("## The analysis", "## The paper's figure", "## Our figures", "## Not run", "<details>")
+_AFTER_CLAIMS = ("## The analysis", "## The paper's figure", "## Our figures", "## Not run", "## Still to run", "<details>")
 
 
 def splice_claims(page: str, c: dict) -> str:

@@ -119,6 +119,17 @@ def dry_window(tmp_path_factory):
     return out, base / "work"
 
 
+def test_make_gpu_window_dry_and_restore_run_the_chain_the_fixture_runs():
+    """CI no longer runs `make gpu-window DRY=1 && make gpu-restore` besides this file's dry_window fixture: the make
+    recipes must stay the fixture's two commands, or the chain a user types would go untested."""
+    def recipe(*args):
+        return subprocess.run(["make", "-n", *args, "PY=python", "VENV=/nonexistent"], cwd=REPO, capture_output=True,
+                              text=True, timeout=60, check=True).stdout
+    dry = recipe("gpu-window", "DRY=1")
+    assert "python -m flatbnn.reproduce.window --dry-run --minutes 2.5 --out " in dry, dry
+    assert "-m flatbnn.reproduce.window_host restore " in recipe("gpu-restore"), recipe("gpu-restore")
+
+
 def test_dry_window_output_within_the_device_limits(dry_window):
     out, _ = dry_window
     files = {f.name: f.stat().st_size for f in out.iterdir() if f.is_file()}

@@ -63,7 +63,7 @@ def test_swag_composes_with_any_flatness_variant(flatness, tmp_path):
 ])
 def test_killed_posterior_run_resumes_to_identical_result(method, extra, tmp_path):
     """Collected moments / kept samples / finished members / variational state live in the checkpoint."""
-    args = DIGITS + [f"method={method}", "trainer.epochs=6", "trainer.batch_size=16"] + extra
+    args = DIGITS + [f"method={method}", "trainer.epochs=4", "trainer.batch_size=16"] + extra
     train_cli(args, tmp_path / "ref")
     run = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), *args, f"hydra.run.dir={run}",

@@ -62,8 +62,11 @@ def test_swag_composes_with_any_flatness_variant(flatness, tmp_path):
     ("ivon", ["flatness=sam", "method.mc_samples=2", "method.num_samples=3"]),
 ])
 def test_killed_posterior_run_resumes_to_identical_result(method, extra, tmp_path):
-    """Collected moments / kept samples / finished members / variational state live in the checkpoint."""
-    args = DIGITS + [f"method={method}", "trainer.epochs=4", "trainer.batch_size=16"] + extra
+    """Collected moments / kept samples / finished members / variational state live in the checkpoint.
+
+    metrics.jsonl gets one line an epoch: the kill after 4 lines lands in epoch 5 of 6, mid-training (with 4 epochs
+    it landed in the final evaluation, or after the run had finished)."""
+    args = DIGITS + [f"method={method}", "trainer.epochs=6", "trainer.batch_size=16"] + extra
     train_cli(args, tmp_path / "ref")
     run = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), *args, f"hydra.run.dir={run}",

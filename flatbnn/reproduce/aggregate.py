@@ -447,7 +447,7 @@ def config_labels(run: Run) -> dict:
     cfg = run.config or {}
     if not cfg:
         return {}
-    hydra = _read_yaml(run.path / ".hydra" / "hydra.yaml") or {}
+    hydra = _read_yaml(Path(run.path) / ".hydra" / "hydra.yaml") or {}
     choices = ((hydra.get("hydra") or {}).get("runtime") or {}).get("choices") or {} if isinstance(hydra, dict) else {}
 
     def name(group: str):  # the chosen option, the node's name, else its class's module (one file per method)

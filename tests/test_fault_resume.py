@@ -212,7 +212,8 @@ def test_failed_checkpoint_write_leaves_no_temp_file_and_keeps_the_previous(tmp_
         f.write(b"partial")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(C.torch, "save", full_disk)
+    import torch  # checkpoint.py imports torch where it saves (a scheduler takes its locks without torch)
+    monkeypatch.setattr(torch, "save", full_disk)
     with pytest.raises(C.CheckpointError, match="No space left on device.*previous checkpoint is intact"):
         C.save_checkpoint(path, {"format": 1, "epoch": 2})
     assert [p.name for p in path.parent.iterdir()] == ["last.pt"]

@@ -336,7 +336,7 @@ def test_a_stopped_dry_window_is_one_line_its_code_and_leaves_no_child_work_dir_
     tmpdir, out = tmp_path / "tmpdir", tmp_path / "out"
     tmpdir.mkdir()
     env = {**os.environ, "TMPDIR": str(tmpdir), "OMP_NUM_THREADS": "1"}
-    p = subprocess.Popen([sys.executable, "-m", "flatbnn.bench.window", "--dry-run", "--minutes", "2.5", "--out",
+    p = subprocess.Popen([sys.executable, "-m", "flatbnn.reproduce.window", "--dry-run", "--minutes", "2.5", "--out",
                           str(out)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     try:
         t0 = time.monotonic()

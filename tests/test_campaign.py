@@ -239,6 +239,7 @@ def test_each_cell_gets_the_data_root_of_its_own_data_set_and_a_missing_one_skip
     rows_dir.mkdir()
     monkeypatch.setattr(spec, "ROWS_DIR", rows_dir)
     monkeypatch.setattr(cost, "RECORDS_ROOT", tmp_path / "no_records")
+    monkeypatch.setattr(cost, "BENCH_DIR", tmp_path / "no_bench")  # the repository's CPU benchmark would price it
     (rows_dir / "mixed.yaml").write_text(yaml.safe_dump(
         {"row": "mixed", "paper": "none", "title": "mixed", "kind": "train", "axes": ["dataset"], "base": ["model=mlp"],
          "values": {"dataset": {"digits": ["dataset=digits"], "mnist": ["dataset=mnist"]}}, "seeds": [0],

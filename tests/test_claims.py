@@ -370,6 +370,9 @@ def test_the_comparison_page_and_status_show_each_claims_verdict(tmp_path, monke
     assert "| not run (no comparison at this scale) |" in line            # paper column
     assert line.endswith("| – (the paper prints none of these cells) |")  # bSAM T3's numbers are lost
     assert "**Claims, paper scale:" in board and "**Claims, cpu scale -- direction check (reduced budget)" in board
+    # its 4 judged comparisons are 4 of 16: the headline says the verdict rests on part of the claim
+    cpu_head = next(ln for ln in board.splitlines() if ln.startswith("**Claims, cpu scale"))
+    assert "1 of the 1 judged rest on part of their comparisons" in cpu_head, cpu_head
 
 
 def test_a_kept_page_gets_its_claims_section_spliced_in_and_nothing_else_changes():

@@ -175,6 +175,7 @@ def _claims_section() -> tuple[list[str], list[str]]:
     (results/paper/<row>.yaml ``claims:``) with their verdict at each scale and on the paper's own numbers."""
     lines, rows = [], 0
     totals = {s: dict.fromkeys(VERDICTS, 0) for s in CLAIM_SCALES}
+    partial = dict.fromkeys(CLAIM_SCALES, 0)  # judged on the comparisons run so far, others still to run
     paper_totals = dict.fromkeys(VERDICTS, 0)
     for name in list_rows():
         p = PAPER_DIR / f"{name}.yaml"
@@ -190,6 +191,7 @@ def _claims_section() -> tuple[list[str], list[str]]:
                 j = judged[scale].get(claim["id"])
                 verdict = j["verdict"] if j and j.get("verdict") in VERDICTS else "not run"
                 totals[scale][verdict] += 1
+                partial[scale] += bool(verdict != "not run" and j and (j.get("tally") or {}).get("not run"))
                 link = (f" ([{scale}](reproduce/{name}/{scale}.md))"
                         if j and (RESULTS_ROOT / name / f"{scale}.md").exists() else "")
                 cells.append((verdict_line(j, scale) if j and "tally" in j else
@@ -207,10 +209,16 @@ def _claims_section() -> tuple[list[str], list[str]]:
     def counts(t: dict, scale: str) -> str:
         return ", ".join(f"{t[v]} {verdict_word(v, scale)}" for v in VERDICTS if t[v])
 
-    head = [f"**Claims, paper scale: {n} claims in {rows} rows** -- {counts(totals['paper'], 'paper')}.",
+    def part(scale: str) -> str:  # a verdict on a few of a claim's comparisons is not one on the claim
+        k, judged = partial[scale], sum(totals[scale].values()) - totals[scale]["not run"]
+        return (f"; {k} of the {judged} judged rest on part of their comparisons, the others not run yet (each line "
+                f"says how many): a verdict on the part run, not on the claim" if k else "")
+
+    head = [f"**Claims, paper scale: {n} claims in {rows} rows** -- {counts(totals['paper'], 'paper')}"
+            f"{part('paper')}.",
             "",
             f"**Claims, cpu scale -- direction check (reduced budget), never a reproduction**: "
-            f"{counts(totals['cpu'], 'cpu')}.",
+            f"{counts(totals['cpu'], 'cpu')}{part('cpu')}.",
             "",
             f"**Claims judged on the papers' own printed numbers** (same rule): {counts(paper_totals, 'paper')}."]
     return head, ["", "## The papers' claims", "",

@@ -401,28 +401,31 @@ def group_runs(runs: list[Run], failed: Iterable[Failed] = (), allow_duplicate_s
 # ---------------------------------------------------------------------------------------------------- statistics
 
 
-def metric_value(metrics: dict, name: str):
-    """``metrics[name]``, where a dotted name walks nested dicts (``ood.svhn.auroc``)."""
+_ABSENT = object()
+
+
+def _walk(metrics: dict, name: str):
+    """``metrics[name]``, where a dotted name walks nested dicts; ``_ABSENT`` where there is no such key (a null
+    value is there: None)."""
     if name in metrics:
         return metrics[name]
     node = metrics
     for part in name.split("."):
         if not isinstance(node, dict) or part not in node:
-            return None
+            return _ABSENT
         node = node[part]
     return node
 
 
+def metric_value(metrics: dict, name: str):
+    """``metrics[name]``, where a dotted name walks nested dicts (``ood.svhn.auroc``)."""
+    value = _walk(metrics, name)
+    return None if value is _ABSENT else value
+
+
 def _has_metric(metrics: dict, name: str) -> bool:
     """Does ``metrics`` hold ``name`` (dotted: nested) at all -- null included?"""
-    if name in metrics:
-        return True
-    node = metrics
-    for part in name.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False
-        node = node[part]
-    return True
+    return _walk(metrics, name) is not _ABSENT
 
 
 def metric_stats(values: list) -> dict:

@@ -1,5 +1,7 @@
 """``flatness.batched_chunks=true``: SAM's m-sharpness as two ``torch.func.vmap`` passes over the m chunks instead of
-2m small forward/backward passes (issue 33 item 4: on a GPU each small pass is bound by kernel launches).
+2m small forward/backward passes (issue 33 item 4: on a GPU each small pass is bound by kernel launches). Where every
+parameter is an ``nn.Linear``'s (the MNIST MLP) the two passes are cheaper still, over the whole batch with a low-rank
+term per chunk (flatbnn/flatness/low_rank.py); the vmap passes below are the general path.
 
 Per chunk k (equal chunks of the batch, stacked along a new leading dim):
 
@@ -140,6 +142,15 @@ def batched_sam_gradient(flatness, params, loss_fn, batch, backprop, scaling=Non
     x, y = batch
     xs, ys = x.reshape(m, -1, *x.shape[1:]), y.reshape(m, -1, *y.shape[1:])
     criterion, smoothing = owner.ctx.criterion, owner.ctx.label_smoothing
+    if flatness.chunk_algorithm != "vmap":  # the two-pass low-rank path where every parameter is a Linear's
+        from flatbnn.flatness.low_rank import linear_layers, low_rank_sam_gradient
+        layers = linear_layers(module, params)
+        loss = None if layers is None else low_rank_sam_gradient(flatness, layers, params, module, owner, xs, ys,
+                                                                 backprop, parts_losses)
+        if loss is not None:
+            flatness.chunk_algorithm = "low_rank"
+            return loss
+        flatness.chunk_algorithm = "vmap"  # decided once: the model's shape does not change between steps
 
     def grads_at(flat):  # [m, P] weights -> ([m, P] each chunk's gradient of its mean loss, losses [m], logits)
         leaves = part_leaves(flat, params)

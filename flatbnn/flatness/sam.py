@@ -69,6 +69,9 @@ class SAM(Flatness):
     ):
         super().__init__(rho=rho, m=m, rho_schedule=rho_schedule)
         self.batched_chunks = bool(batched_chunks)
+        # batched_chunks: which algorithm the first batched step found usable (flatbnn/flatness/batched.py);
+        # None until then. Recorded in describe(), so a run says which path made its steps
+        self.chunk_algorithm: str | None = None
         if bn_stats not in BN_POLICIES:
             raise ValueError(f"flatness.bn_stats must be one of {BN_POLICIES}, got {bn_stats!r}")
         if bn_chunks not in BN_CHUNK_POLICIES:
@@ -179,6 +182,8 @@ class SAM(Flatness):
              "sync_ascent": self.sync_ascent, "effective_m": self.effective_m}
         if self.batched_chunks:  # a speed switch (the same step up to float rounding): recorded only when on
             d["batched_chunks"] = True
+            if self.chunk_algorithm is not None:
+                d["chunk_algorithm"] = self.chunk_algorithm
         return d
 
     @property

@@ -275,8 +275,14 @@ def test_a_claim_expands_over_the_rows_cells_and_is_judged_on_a_comparison():
     assert (got["tally"]["agrees"], got["tally"]["not run"]) == (1, 1)
     assert got["tests"] == ["Welch t, n=3+3"]
     line = claims.verdict_line(got)
-    assert line.startswith("**holds** (overall; 1 agree; 0 reversed (Holm-adjusted, 5 %); 1 not run; Welch t")
-    assert claims.verdict_line(got, "cpu").startswith("**direction agrees** (overall;")
+    # the bold word says the verdict rests on part of the claim: the other pair may still reverse it
+    assert line.startswith("**holds on the 1 of 2 comparisons run** (overall; 1 agree; 0 reversed (Holm-adjusted, "
+                           "5 %); 1 not run; Welch t")
+    assert claims.verdict_line(got, "cpu").startswith("**direction agrees on the 1 of 2 comparisons run** (overall;")
+    records.append(rec("mnist/mlp/bsam", A))
+    records.append(rec("mnist/mlp/bsam_no_noise", FAR))
+    [whole] = claims.evaluate([claim], records, {r["cell"]: JOBS["a"] for r in records}, cells, axes)
+    assert claims.verdict_line(whole).startswith("**holds** (overall; 2 agree;")  # every comparison run: the claim
 
 
 def test_the_papers_own_numbers_are_judged_by_the_same_rule():
@@ -366,7 +372,7 @@ def test_the_comparison_page_and_status_show_each_claims_verdict(tmp_path, monke
     board = status.render()
     line = next(ln for ln in board.splitlines() if "`noisy_linearization_helps`" in ln)
     assert line.startswith("| [bsam_t3](paper/bsam_t3.yaml) | ")
-    assert "**within seed noise**" in line and "Welch t, n=3+3" in line   # cpu column
+    assert "**within seed noise on the 4 of 16 comparisons run**" in line and "Welch t, n=3+3" in line  # cpu column
     assert "| not run (no comparison at this scale) |" in line            # paper column
     assert line.endswith("| – (the paper prints none of these cells) |")  # bSAM T3's numbers are lost
     assert "**Claims, paper scale:" in board and "**Claims, cpu scale -- direction check (reduced budget)" in board

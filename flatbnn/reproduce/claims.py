@@ -418,16 +418,27 @@ def tally_text(c: dict) -> str:
     return "; ".join(parts)
 
 
+def _on_part(c: dict, what: str) -> str:
+    """`` on the 6 of 144 comparisons run`` where some of the claim's comparisons have no data (the rest of the
+    claim may still reverse it: a verdict on the part, not on the claim), else ''."""
+    missing, total = (c.get("tally") or {}).get(NOT_RUN, 0), len(c.get("comparisons") or [])
+    if c.get("verdict") in ("not judged", "not run") or not missing or total <= missing:
+        return ""
+    return f" on the {total - missing} of {total} comparisons {what}"
+
+
 def verdict_line(c: dict, scale: str = "paper") -> str:
     """``**holds** (overall; 3 agree, 0 reversed (Holm-adjusted, 5 %); ...; Welch t, n=3+3)``: a claim's verdict as
-    STATUS.md and the comparison page print it; below paper scale in the direction-check words."""
+    STATUS.md and the comparison page print it; below paper scale in the direction-check words. A claim with some
+    comparisons not run: ``**holds on the 6 of 144 comparisons run** (...)``."""
     if not c.get("comparisons"):
         return "not run (no cells of the row to compare)"
     word = verdict_word(c["verdict"], scale)
     if c["verdict"] == "not run":
         return f"not run (0 of {len(c['comparisons'])} comparisons)"
     tests = "; ".join(c.get("tests") or [])
-    return f"**{word}** ({c.get('quantifier', 'overall')}; {tally_text(c)}" + (f"; {tests}" if tests else "") + ")"
+    return (f"**{word}{_on_part(c, 'run')}** ({c.get('quantifier', 'overall')}; {tally_text(c)}"
+            + (f"; {tests}" if tests else "") + ")")
 
 
 def paper_line(c: dict) -> str:
@@ -436,7 +447,7 @@ def paper_line(c: dict) -> str:
     if not p:
         return "– (the paper prints none of these cells)"
     n = f"n = {p['paper_n']}" + (" assumed" if p.get("paper_n_assumed") else "")
-    return f"**{p['verdict']}** ({tally_text(p)}; {n})"
+    return f"**{p['verdict']}{_on_part(p, 'it prints')}** ({tally_text(p)}; {n})"
 
 
 def describe(c: dict) -> str:

@@ -32,13 +32,11 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.optim import Optimizer
+
+from flatbnn.optim.posterior_state import PosteriorStateOptimizer
 
 
-class IVONOptimizer(Optimizer):
-    #: ``lr`` may be a device tensor (trainer.cuda_graph: the scheduler fills it in place)
-    device_lr = True
-
+class IVONOptimizer(PosteriorStateOptimizer):
     def __init__(self, params, lr: float = 0.1, ess: float = 1.0, hess_init: float = 1.0, beta1: float = 0.9,
                  beta2: float = 0.99999, weight_decay: float = 1e-4, clip_radius: float = math.inf,
                  rescale_lr: bool = True, debias: bool = True):
@@ -57,9 +55,7 @@ class IVONOptimizer(Optimizer):
         defaults = dict(lr=lr, ess=float(ess), hess_init=float(hess_init), beta1=float(beta1), beta2=float(beta2),
                         weight_decay=float(weight_decay), clip_radius=float(clip_radius),
                         rescale_lr=bool(rescale_lr), debias=bool(debias))
-        super().__init__(params, defaults)
-        for p, group in self._groups():  # eager state: the first step's noise needs h
-            self._init_state(p, group)
+        super().__init__(params, defaults)  # makes the state: the first step's noise needs h
 
     def _init_state(self, p, group) -> dict:
         state = self.state[p]
@@ -69,14 +65,6 @@ class IVONOptimizer(Optimizer):
             # a device tensor in the parameter's dtype (load_state_dict casts it so): no host counter to capture
             state["steps"] = torch.zeros((), dtype=p.dtype, device=p.device)
         return state
-
-    def params(self) -> list[torch.Tensor]:
-        return [p for g in self.param_groups for p in g["params"]]
-
-    def _groups(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                yield p, group
 
     # ---------------------------------------------------------------- the posterior
     @torch.no_grad()

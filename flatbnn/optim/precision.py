@@ -4,25 +4,17 @@ a momentum and a per-weight precision s; the posterior is N(w, 1 / (N * precisio
 from __future__ import annotations
 
 import torch
-from torch.optim import Optimizer
+
+from flatbnn.optim.posterior_state import PosteriorStateOptimizer
 
 
-class PrecisionOptimizer(Optimizer):
-    """Subclasses give the precision/weight update (``_update``) and their two step error messages."""
-
-    #: ``lr`` may be a device tensor (trainer.cuda_graph sets one; the scheduler fills it in place): the step then
-    #: reads it on the device, never as a host float baked into a captured graph (``_descend``)
-    device_lr = True
+class PrecisionOptimizer(PosteriorStateOptimizer):
+    """Subclasses give the precision/weight update (``_update``) and their two step error messages. A device ``lr``
+    is read on the device by ``_descend``."""
 
     #: one-line ``ValueError`` messages of ``step`` (no closure: the method runs the passes itself)
     closure_error = "step takes no closure"
     curvature_error = "step needs curvature=[one tensor per parameter]"
-
-    def __init__(self, params, defaults: dict):
-        super().__init__(params, defaults)
-        for group in self.param_groups:  # eager state: noise can be drawn before the first step
-            for p in group["params"]:
-                self._init_state(p, group)
 
     def _init_state(self, p, group) -> dict:
         state = self.state[p]
@@ -30,14 +22,6 @@ class PrecisionOptimizer(Optimizer):
             state["momentum"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["precision"] = torch.full_like(p, group["s_init"], memory_format=torch.preserve_format)
         return state
-
-    def params(self) -> list[torch.Tensor]:
-        return [p for g in self.param_groups for p in g["params"]]
-
-    def _groups(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                yield p, group
 
     @staticmethod
     def delta(group) -> float:

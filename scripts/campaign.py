@@ -124,6 +124,9 @@ def _main(args, extra: list[str], phase: dict) -> int:
         for name in rows or []:
             load_row(name)  # an unknown row: one line, exit 2, before minutes of planning
         extra_for = None
+        if args.selfcheck is None and not gpus:  # the CPU's measured step rule (SAM m > 1 on an all-Linear net)
+            from flatbnn.bench.selfcheck import cpu_step_overrides
+            extra_for = cpu_step_overrides
         if args.selfcheck is not None:
             import json
 

@@ -99,3 +99,22 @@ def test_what_the_low_rank_algebra_cannot_see_takes_the_vmap_path_with_the_loops
     assert flat.chunk_algorithm == "vmap" and flat.describe()["chunk_algorithm"] == "vmap"
     assert moved > 1e-3 and err < 1e-12 * max(moved, 1.0), (err, moved)
     torch.testing.assert_close(l_loop, l_fast, rtol=1e-6, atol=0)  # the loss is float32 (Method.loss_fn)
+
+
+@pytest.mark.parametrize("cell,expected", [
+    ("mnist/mlp/sam_sgd", ["flatness.batched_chunks=true"]),          # SAM m = 8 on the MLP: the low-rank path
+    ("mnist/mlp/sam_adam", ["flatness.batched_chunks=true"]),
+    ("fashion_mnist/lenet5/sam_sgd", []),                             # convs: the vmap path, slower than the loop
+    ("mnist/mlp/sgd", []),                                            # no SAM
+])
+def test_the_cpu_campaign_takes_the_low_rank_path_exactly_where_it_applies(cell, expected):
+    """bSAM Table 6's cells as the CPU campaign composes them (scripts/campaign.py without a GPU self-check)."""
+    from flatbnn.bench.selfcheck import cpu_step_overrides
+    from flatbnn.reproduce import launch, spec
+
+    [c] = [c for c in spec.load_row("bsam_t6").cells_for("paper") if c.id == cell]
+    cfg = launch.compose_cell(c.overrides)
+    assert cpu_step_overrides(cfg) == expected
+    if expected:  # the same cell with dropout, or at m = 1, keeps the loop
+        assert cpu_step_overrides(launch.compose_cell(c.overrides + ["model.dropout=0.1"])) == []
+        assert cpu_step_overrides(launch.compose_cell(c.overrides + ["flatness.m=1"])) == []

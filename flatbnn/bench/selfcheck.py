@@ -425,6 +425,47 @@ def _cls(group) -> str:
     return str((group or {}).get("_target_", "")).rsplit(".", 1)[-1] if group is not None else ""
 
 
+def cpu_step_overrides(cfg) -> list[str]:
+    """A CPU campaign cell's step path (no self-check needed: the rule is measured on the CPU). SAM m > 1 on a net of
+    nn.Linear layers only, without dropout, takes ``flatness.batched_chunks=true``: there that is the low-rank path
+    (flatbnn/flatness/low_rank.py), 2.1x an SGD step on the MNIST MLP against the loop's 6.7x, in one process
+    (results/bench/cpu-2026-11-28-mnist-mlp-b200-lowrank.md). Any other net would take the vmap path, which measured
+    slower than the loop on a CPU (135 ms against 89 ms, results/bench/cpu-2026-11-28-mnist-mlp-b200.md), so it keeps
+    the loop; so does whatever the batched path refuses (flatness/batched.py ``config_refusal``)."""
+    import torch
+    from hydra.utils import get_class, instantiate
+    from omegaconf import OmegaConf
+    from torch import nn
+
+    from flatbnn.flatness.batched import config_refusal
+    from flatbnn.flatness.low_rank import linear_layers
+    from flatbnn.flatness.sam import SAM
+    from flatbnn.methods.base import Method
+
+    flat = cfg.get("flatness") or {}
+    if _cls(flat) != "SAM" or int(flat.get("m", 1) or 1) <= 1 or "batched_chunks" not in flat \
+            or flat.get("batched_chunks"):
+        return []
+    try:
+        flatness, method = get_class(flat["_target_"]), get_class(cfg.method._target_)
+        with torch.device("meta"):  # the layers, no memory: a WRN-28-10 costs nothing here
+            module = instantiate(OmegaConf.to_container(cfg.model, resolve=True))
+    except Exception:  # a class that does not import, a model that does not build: the run reports it
+        return []
+    if config_refusal(flatness_name=getattr(flatness, "name", flatness.__name__),
+                      plain_sam=issubclass(flatness, SAM) and flatness.direction is SAM.direction,
+                      method_name=getattr(method, "name", method.__name__),
+                      plain_loss=issubclass(method, Method) and method.loss_fn is Method.loss_fn,
+                      m=int(flat["m"]), batch_size=int(cfg.trainer.batch_size), precision=str(cfg.trainer.precision),
+                      compiled=bool(cfg.trainer.compile), processes=1) is not None:
+        return []
+    params = [p for p in module.parameters() if p.requires_grad]
+    if linear_layers(module, params) is None or any(
+            isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in module.modules()):
+        return []
+    return ["flatness.batched_chunks=true"]
+
+
 def step_overrides(cfg, report: dict, cuda: bool, compile_cache: str | None = None) -> list[str]:
     """A campaign cell's step-path overrides: only what a passing path of ``report`` covers. The graph for MAP
     cells with SGD (``cuda_graph`` / ``cuda_graph_bf16`` by precision) or Adam (``adam_capturable``) and for bSAM

@@ -220,3 +220,29 @@ def test_graphed_rows_come_with_their_ratio_and_fallback_reasons(tmp_path):
     assert "map+sam graphed/eager" in res["ratios"]
     assert res["skipped"] == {}  # bSAM takes a device lr since issue 41
     assert "bsam+none:graphed" in res["rows"] and res["rows"]["bsam+none:graphed"]["images_per_s"] > 0
+
+
+def test_the_m8_loop_floor_is_16_small_passes_with_two_sgd_steps_of_arithmetic(tmp_path):
+    """``floor:passes_m8`` is what an m = 8 loop must compute and nothing more: 2 x 8 forward + backward passes of batch
+    / 8, i.e. exactly the FLOPs of two SGD steps (the MLP's GEMMs scale with the batch) -- so where it costs more than
+    2 SGD steps, that is the small GEMMs' efficiency, not extra work. And a smoke run with --floors reports it."""
+    import argparse
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    bench = _benchmark()
+    args = argparse.Namespace(model="mlp", batch_size=16, steps=1, warmup=0, repeats=1, device="cpu", precision="fp32",
+                              channels_last=False, compile=False, model_overrides={"hidden": [12, 7]}, smoke=False)
+    flops = {}
+    for name in ("floor:sgd", "floor:passes_m8"):
+        step = bench.build_floor(name, args, torch.device("cpu"))
+        with FlopCounterMode(display=False) as counter:
+            step()
+        flops[name] = counter.get_total_flops()
+    assert flops["floor:sgd"] > 0 and flops["floor:passes_m8"] == 2 * flops["floor:sgd"], flops
+    out = tmp_path / "floors.json"
+    res = bench.main(["--smoke", "--floors", "--configs", "map+none,map+sam_m8", "--json", str(out)])
+    t = res["cpu_targets"]
+    assert t["SAM m=8 / 16 passes"]["target"] is None and t["SAM m=8 / 16 passes"]["floor_ms"] == \
+        res["rows"]["floor:passes_m8"]["step_ms_median"]
+    assert "| 16 passes of batch / 8 / SGD floor |" in out.with_suffix(".md").read_text()

@@ -118,3 +118,31 @@ def test_the_cpu_campaign_takes_the_low_rank_path_exactly_where_it_applies(cell,
     if expected:  # the same cell with dropout, or at m = 1, keeps the loop
         assert cpu_step_overrides(launch.compose_cell(c.overrides + ["model.dropout=0.1"])) == []
         assert cpu_step_overrides(launch.compose_cell(c.overrides + ["flatness.m=1"])) == []
+
+
+def test_under_bf16_autocast_the_low_rank_step_is_as_close_to_the_fp32_step_as_the_loops():
+    """bf16: the rows are bf16 and of mixed dtypes (the first layer's input is the float32 batch); the norm is taken in
+    float32. The low-rank step then differs from the float32 loop by bf16 rounding, no more than the bf16 loop does."""
+    def weights(batched, precision):
+        torch.manual_seed(0)
+        module = nn.Sequential(nn.Flatten(), nn.Linear(36, 12), nn.ReLU(), nn.Linear(12, 3))
+        method = MAP()
+        module = method.prepare_model(module)
+        ctx = RunContext(model=module, module=module, device=CPU, n_train=64, steps_per_epoch=3, epochs=1,
+                         optimizer_factory=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), scheduler_factory=None)
+        method.setup(ctx)
+        flat = SAM(rho=0.5, m=4, batched_chunks=batched)
+        flat.setup(ctx, method)
+        bp = Backprop(module, CPU, precision=precision)
+        method.train()
+        g = torch.Generator().manual_seed(2)
+        for _ in range(3):
+            method.train_step((torch.randn(16, 1, 6, 6, generator=g), torch.randint(0, 3, (16,), generator=g)), flat, bp)
+        assert flat.chunk_algorithm == ("low_rank" if batched else None)
+        return [p.detach().clone() for p in module.parameters()]
+
+    def dist(a, b):
+        return max(float((x - y).abs().max()) for x, y in zip(a, b))
+    exact = weights(False, "fp32")
+    assert dist(weights(True, "fp32"), exact) < 1e-6
+    assert dist(weights(True, "bf16"), exact) <= dist(weights(False, "bf16"), exact)

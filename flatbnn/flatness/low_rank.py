@@ -97,12 +97,15 @@ def low_rank_sam_gradient(flatness, layers, params, module, owner, xs, ys, backp
         return None
     deltas = torch.autograd.grad(losses.sum(), [taps.outputs[mod][0] for mod in layers])
     with torch.no_grad():
+        # the norm and the scaled d in float32 at least: under bf16 autocast the rows are bf16 (and of mixed dtypes:
+        # the first layer's input is the float32 batch); float64 stays float64
+        wide = lambda t: t if t.dtype in (torch.float32, torch.float64) else t.float()  # noqa: E731
+        inputs = [taps.inputs[mod].view(m, b, -1) for mod in layers]
+        deltas = [wide(d).view(m, b, -1) for d in deltas]
         # a bias is a weight on a constant input 1: its Gram term is the all-ones matrix, added by baddbmm
         one = torch.ones((1, 1, 1), dtype=deltas[0].dtype, device=deltas[0].device)
-        inputs = [taps.inputs[mod].view(m, b, -1) for mod in layers]
-        deltas = [d.view(m, b, -1) for d in deltas]
         input_grams = [torch.bmm(a, a.mT) if mod.bias is None else torch.baddbmm(one, a, a.mT)
-                       for mod, a in zip(layers, inputs)]
+                       for mod, a in zip(layers, (wide(a).to(one.dtype) for a in inputs))]
         # ||g_k||^2 = sum over layers of <a_k a_k^T (+ 1), d_k d_k^T>: one multi-tensor multiply, one sum
         products = torch._foreach_mul(input_grams, [torch.bmm(d, d.mT) for d in deltas])
         sq = torch.cat([t.view(m, -1) for t in products], dim=1).sum(1)

@@ -428,7 +428,7 @@ def _cls(group) -> str:
 def cpu_step_overrides(cfg) -> list[str]:
     """A CPU campaign cell's step path (no self-check needed: the rule is measured on the CPU). SAM m > 1 on a net of
     nn.Linear layers only, without dropout, takes ``flatness.batched_chunks=true``: there that is the low-rank path
-    (flatbnn/flatness/low_rank.py), 2.1x an SGD step on the MNIST MLP against the loop's 6.7x, in one process
+    (flatbnn/flatness/low_rank.py), 2.5x an SGD step on the MNIST MLP against the loop's 8.5x, in one process
     (results/bench/cpu-2026-11-28-mnist-mlp-b200-lowrank.md). Any other net would take the vmap path, which measured
     slower than the loop on a CPU (135 ms against 89 ms, results/bench/cpu-2026-11-28-mnist-mlp-b200.md), so it keeps
     the loop; so does whatever the batched path refuses (flatness/batched.py ``config_refusal``)."""

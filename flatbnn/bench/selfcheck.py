@@ -433,31 +433,23 @@ def cpu_step_overrides(cfg) -> list[str]:
     slower than the loop on a CPU (135 ms against 89 ms, results/bench/cpu-2026-11-28-mnist-mlp-b200.md), so it keeps
     the loop; so does whatever the batched path refuses (flatness/batched.py ``config_refusal``)."""
     import torch
-    from hydra.utils import get_class, instantiate
+    from hydra.utils import instantiate
     from omegaconf import OmegaConf
     from torch import nn
 
-    from flatbnn.flatness.batched import config_refusal
+    from flatbnn.flatness.batched import refusal_of_config
     from flatbnn.flatness.low_rank import linear_layers
-    from flatbnn.flatness.sam import SAM
-    from flatbnn.methods.base import Method
 
     flat = cfg.get("flatness") or {}
     if _cls(flat) != "SAM" or int(flat.get("m", 1) or 1) <= 1 or "batched_chunks" not in flat \
             or flat.get("batched_chunks"):
         return []
     try:
-        flatness, method = get_class(flat["_target_"]), get_class(cfg.method._target_)
+        if refusal_of_config(cfg) is not None:
+            return []
         with torch.device("meta"):  # the layers, no memory: a WRN-28-10 costs nothing here
             module = instantiate(OmegaConf.to_container(cfg.model, resolve=True))
     except Exception:  # a class that does not import, a model that does not build: the run reports it
-        return []
-    if config_refusal(flatness_name=getattr(flatness, "name", flatness.__name__),
-                      plain_sam=issubclass(flatness, SAM) and flatness.direction is SAM.direction,
-                      method_name=getattr(method, "name", method.__name__),
-                      plain_loss=issubclass(method, Method) and method.loss_fn is Method.loss_fn,
-                      m=int(flat["m"]), batch_size=int(cfg.trainer.batch_size), precision=str(cfg.trainer.precision),
-                      compiled=bool(cfg.trainer.compile), processes=1) is not None:
         return []
     params = [p for p in module.parameters() if p.requires_grad]
     if linear_layers(module, params) is None or any(

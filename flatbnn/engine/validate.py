@@ -166,23 +166,12 @@ def check_batched_chunks(cfg: DictConfig) -> None:
     m = int(OmegaConf.select(cfg, "flatness.m", default=1) or 1)
     if m <= 1:
         return
-    from hydra.utils import get_class
-
-    from flatbnn.flatness.batched import config_refusal
-    from flatbnn.flatness.sam import SAM
-    from flatbnn.methods.base import Method
-    try:
-        flatness, method = get_class(cfg.flatness._target_), get_class(cfg.method._target_)
-    except Exception:
-        return
+    from flatbnn.flatness.batched import refusal_of_config
     processes = max(int(os.environ.get("WORLD_SIZE", "1")), 1)
-    why = config_refusal(
-        flatness_name=getattr(flatness, "name", flatness.__name__),
-        plain_sam=issubclass(flatness, SAM) and flatness.direction is SAM.direction,
-        method_name=getattr(method, "name", method.__name__),
-        plain_loss=issubclass(method, Method) and method.loss_fn is Method.loss_fn,  # as Method.has_plain_loss
-        m=m, batch_size=int(cfg.trainer.batch_size) // processes, precision=str(cfg.trainer.precision),
-        compiled=bool(cfg.trainer.compile), processes=processes)
+    try:
+        why = refusal_of_config(cfg, processes)
+    except Exception:  # a class that does not import is reported where it is built
+        return
     if why is not None:
         raise ConfigError(why)
 

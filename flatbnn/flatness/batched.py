@@ -50,6 +50,23 @@ def config_refusal(*, flatness_name: str, plain_sam: bool, method_name: str, pla
     return None
 
 
+def refusal_of_config(cfg, processes: int = 1) -> str | None:
+    """``config_refusal`` of a composed run config (engine/validate.py before a run; the CPU campaign's step rule,
+    bench/selfcheck.py). Raises where a ``_target_`` class does not import."""
+    from hydra.utils import get_class
+
+    from flatbnn.flatness.sam import SAM
+    from flatbnn.methods.base import Method
+    flatness, method = get_class(cfg.flatness._target_), get_class(cfg.method._target_)
+    return config_refusal(
+        flatness_name=getattr(flatness, "name", flatness.__name__),
+        plain_sam=issubclass(flatness, SAM) and flatness.direction is SAM.direction,
+        method_name=getattr(method, "name", method.__name__),
+        plain_loss=issubclass(method, Method) and method.loss_fn is Method.loss_fn,  # as Method.has_plain_loss
+        m=int(cfg.flatness.m), batch_size=int(cfg.trainer.batch_size) // processes,
+        precision=str(cfg.trainer.precision), compiled=bool(cfg.trainer.compile), processes=processes)
+
+
 def refusal(flatness, loss_fn, batch, backprop, scaling, perturb, *, plain_sam: bool, plain_loss: bool) -> str | None:
     """Why the batched path cannot give the loop's step here (one line), or None. ``plain_sam``: the flatness
     has SAM's own direction; ``plain_loss``: ``loss_fn`` is a method's inherited ``Method.loss_fn`` -- both

@@ -188,14 +188,20 @@ def batched_sam_gradient(flatness, params, loss_fn, batch, backprop, scaling=Non
         moved = torch.where(finite, g * (torch.reciprocal(norm + flatness.eps) * radius), 0.0).add_(mean)
     g2, _, _ = grads_at(moved)
     with torch.no_grad():
-        for p, gk in zip(params, g2.sum(0).div_(m).split([p.numel() for p in params])):
-            gk = gk.view(p.shape)
-            if p.grad is None:
-                p.grad = gk.to(p.dtype)
-            else:
-                p.grad.add_(gk)
-        if owner._record:
-            owner.count_correct(logits[0], ys[0])
-            owner._seen += ys[0].numel()
-            owner._record = False
+        leave_step(params, [gk.view(p.shape) for p, gk in zip(params, g2.sum(0).div_(m).split(
+            [p.numel() for p in params]))], owner, logits[0], ys[0])
     return loss.sum() / m
+
+
+def leave_step(params, grads, owner, logits0, y0) -> None:
+    """Both batched paths' end: the step's gradient into ``p.grad`` (added to earlier chunks', as the loop does) and
+    the train accuracy on chunk 0's first pass (the loop counts it there too)."""
+    for p, g in zip(params, grads):
+        if p.grad is None:
+            p.grad = g.to(p.dtype)
+        else:
+            p.grad.add_(g)
+    if owner._record:
+        owner.count_correct(logits0, y0)
+        owner._seen += y0.numel()
+        owner._record = False

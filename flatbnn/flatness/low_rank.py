@@ -123,14 +123,7 @@ def low_rank_sam_gradient(flatness, layers, params, module, owner, xs, ys, backp
         moved = backprop.forward(module, x)
         loss2 = parts_losses(moved.view(m, b, *moved.shape[1:]), y, criterion, smoothing).sum() / m
     grads = torch.autograd.grad(loss2, params)
+    from flatbnn.flatness.batched import leave_step
     with torch.no_grad():
-        for p, g in zip(params, grads):
-            if p.grad is None:
-                p.grad = g.to(p.dtype)
-            else:
-                p.grad.add_(g)
-        if owner._record:
-            owner.count_correct(logits[:b].detach(), ys[0])
-            owner._seen += ys[0].numel()
-            owner._record = False
+        leave_step(params, grads, owner, logits[:b].detach(), ys[0])
     return losses.detach().sum() / m

@@ -437,7 +437,7 @@ def cpu_step_overrides(cfg) -> list[str]:
     from omegaconf import OmegaConf
     from torch import nn
 
-    from flatbnn.flatness.batched import refusal_of_config
+    from flatbnn.engine.validate import refusal_of_config
     from flatbnn.flatness.low_rank import linear_layers
 
     flat = cfg.get("flatness") or {}

@@ -157,8 +157,27 @@ def check_device(cfg: DictConfig) -> None:
         raise ConfigError(f"trainer.device={spec}: MPS is not available here; use trainer.device=auto or cpu")
 
 
+def refusal_of_config(cfg, processes: int = 1) -> str | None:
+    """flatness/batched.py's ``config_refusal`` of a composed run config (here before a run; the CPU campaign's step
+    rule, bench/selfcheck.py). Here, not in flatness/: it reads the method's class, a layer up. Raises where a
+    ``_target_`` class does not import."""
+    from hydra.utils import get_class
+
+    from flatbnn.flatness.batched import config_refusal
+    from flatbnn.flatness.sam import SAM
+    from flatbnn.methods.base import Method
+    flatness, method = get_class(cfg.flatness._target_), get_class(cfg.method._target_)
+    return config_refusal(
+        flatness_name=getattr(flatness, "name", flatness.__name__),
+        plain_sam=issubclass(flatness, SAM) and flatness.direction is SAM.direction,
+        method_name=getattr(method, "name", method.__name__),
+        plain_loss=issubclass(method, Method) and method.loss_fn is Method.loss_fn,  # as Method.has_plain_loss
+        m=int(cfg.flatness.m), batch_size=int(cfg.trainer.batch_size) // processes,
+        precision=str(cfg.trainer.precision), compiled=bool(cfg.trainer.compile), processes=processes)
+
+
 def check_batched_chunks(cfg: DictConfig) -> None:
-    """``flatness.batched_chunks=true``: what the config alone rules out (flatness/batched.py's ``config_refusal``),
+    """``flatness.batched_chunks=true``: what the config alone rules out (``refusal_of_config``),
     before any data is loaded -- not after an epoch (issue 41). A class that does not import is reported where
     it is built."""
     if not OmegaConf.select(cfg, "flatness.batched_chunks", default=False):
@@ -166,7 +185,6 @@ def check_batched_chunks(cfg: DictConfig) -> None:
     m = int(OmegaConf.select(cfg, "flatness.m", default=1) or 1)
     if m <= 1:
         return
-    from flatbnn.flatness.batched import refusal_of_config
     processes = max(int(os.environ.get("WORLD_SIZE", "1")), 1)
     try:
         why = refusal_of_config(cfg, processes)

@@ -29,6 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
+from flatbnn.flatness.low_rank import leave_step, linear_layers, low_rank_sam_gradient
+
 
 def config_refusal(*, flatness_name: str, plain_sam: bool, method_name: str, plain_loss: bool, m: int,
                    batch_size: int | None, precision: str, compiled: bool, processes: int) -> str | None:
@@ -48,23 +50,6 @@ def config_refusal(*, flatness_name: str, plain_sam: bool, method_name: str, pla
         return (f"flatness.batched_chunks=true needs the per-process batch size ({batch_size}) divisible by "
                 f"flatness.m={m} (only an epoch's short last batch runs through the loop)")
     return None
-
-
-def refusal_of_config(cfg, processes: int = 1) -> str | None:
-    """``config_refusal`` of a composed run config (engine/validate.py before a run; the CPU campaign's step rule,
-    bench/selfcheck.py). Raises where a ``_target_`` class does not import."""
-    from hydra.utils import get_class
-
-    from flatbnn.flatness.sam import SAM
-    from flatbnn.methods.base import Method
-    flatness, method = get_class(cfg.flatness._target_), get_class(cfg.method._target_)
-    return config_refusal(
-        flatness_name=getattr(flatness, "name", flatness.__name__),
-        plain_sam=issubclass(flatness, SAM) and flatness.direction is SAM.direction,
-        method_name=getattr(method, "name", method.__name__),
-        plain_loss=issubclass(method, Method) and method.loss_fn is Method.loss_fn,  # as Method.has_plain_loss
-        m=int(cfg.flatness.m), batch_size=int(cfg.trainer.batch_size) // processes,
-        precision=str(cfg.trainer.precision), compiled=bool(cfg.trainer.compile), processes=processes)
 
 
 def refusal(flatness, loss_fn, batch, backprop, scaling, perturb, *, plain_sam: bool, plain_loss: bool) -> str | None:
@@ -160,7 +145,6 @@ def batched_sam_gradient(flatness, params, loss_fn, batch, backprop, scaling=Non
     xs, ys = x.reshape(m, -1, *x.shape[1:]), y.reshape(m, -1, *y.shape[1:])
     criterion, smoothing = owner.ctx.criterion, owner.ctx.label_smoothing
     if flatness.chunk_algorithm != "vmap":  # the two-pass low-rank path where every parameter is a Linear's
-        from flatbnn.flatness.low_rank import linear_layers, low_rank_sam_gradient
         layers = linear_layers(module, params)
         loss = None if layers is None else low_rank_sam_gradient(flatness, layers, params, module, owner, xs, ys,
                                                                  backprop, parts_losses)
@@ -191,17 +175,3 @@ def batched_sam_gradient(flatness, params, loss_fn, batch, backprop, scaling=Non
         leave_step(params, [gk.view(p.shape) for p, gk in zip(params, g2.sum(0).div_(m).split(
             [p.numel() for p in params]))], owner, logits[0], ys[0])
     return loss.sum() / m
-
-
-def leave_step(params, grads, owner, logits0, y0) -> None:
-    """Both batched paths' end: the step's gradient into ``p.grad`` (added to earlier chunks', as the loop does) and
-    the train accuracy on chunk 0's first pass (the loop counts it there too)."""
-    for p, g in zip(params, grads):
-        if p.grad is None:
-            p.grad = g.to(p.dtype)
-        else:
-            p.grad.add_(g)
-    if owner._record:
-        owner.count_correct(logits0, y0)
-        owner._seen += y0.numel()
-        owner._record = False

@@ -123,7 +123,20 @@ def low_rank_sam_gradient(flatness, layers, params, module, owner, xs, ys, backp
         moved = backprop.forward(module, x)
         loss2 = parts_losses(moved.view(m, b, *moved.shape[1:]), y, criterion, smoothing).sum() / m
     grads = torch.autograd.grad(loss2, params)
-    from flatbnn.flatness.batched import leave_step
     with torch.no_grad():
         leave_step(params, grads, owner, logits[:b].detach(), ys[0])
     return losses.detach().sum() / m
+
+
+def leave_step(params, grads, owner, logits0, y0) -> None:
+    """Both batched paths' end: the step's gradient into ``p.grad`` (added to earlier chunks', as the loop does) and
+    the train accuracy on chunk 0's first pass (the loop counts it there too)."""
+    for p, g in zip(params, grads):
+        if p.grad is None:
+            p.grad = g.to(p.dtype)
+        else:
+            p.grad.add_(g)
+    if owner._record:
+        owner.count_correct(logits0, y0)
+        owner._seen += y0.numel()
+        owner._record = False

@@ -75,10 +75,11 @@ def _check_composition(cfg: DictConfig) -> None:
     if not HydraConfig.initialized():
         return
     from flatbnn.engine.validate import check_group_files
-    from flatbnn.reproduce.launch import check_cell_choice
 
     rt = HydraConfig.get().runtime
-    check_cell_choice(cfg, rt.choices.get("cell"))
+    if rt.choices.get("cell"):  # reproduce's modules (scipy, matplotlib: seconds) only for a reproduce job
+        from flatbnn.reproduce.launch import check_cell_choice
+        check_cell_choice(cfg, rt.choices.get("cell"))
     check_group_files(dict(rt.choices), rt.config_sources)
 
 

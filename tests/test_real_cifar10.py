@@ -5,12 +5,12 @@ init): at 2 epochs SGD reached 0.27-0.29 for every lr/batch we tried (0.01-0.1, 
 the same net with BatchNorm 0.31. Adam (lr 2e-3, batch 16, no augmentation, cosine) is the
 fastest start we measured. The runs are seeded and bit-reproducible on one machine, but not across
 CPUs (other BLAS kernels): at 2 epochs this machine gave 0.356 and the CI machine 0.347 for the same
-seed, too close to the issue's bar of 0.35. At 3 epochs this machine gives 0.396 plain and 0.386 with
+seed, too close to the issue's bar of 0.35. At 3 epochs this machine gave 0.396 (0.389 on 2026-11-28) plain and 0.386 with
 SAM at rho = 0.01 (the bSAM paper's radius for ResNet-20), so the bar has a margin of ~0.04.
 
-Only the SAM run is tested: it exercises everything the plain run does (real archive, cache, subset, the net, the
-optimizer) plus the flatness step, and the plain run cost CI ~4 of its minutes (260 s on a loaded 2-core box) for no
-property the SAM run lacks.
+Only the plain run is tested: what is real here is the data (archive, cache, subset) and the net learning from it.
+The SAM run cost twice as much (497 s against 260 s on a loaded 2-core box, the longest test in CI) for a flatness
+step the digits tests pin down exactly (tests/test_sam*.py, tests/test_low_rank_sam.py).
 """
 
 import pytest
@@ -20,7 +20,7 @@ from helpers import run_cfg
 pytestmark = [pytest.mark.slow, pytest.mark.real_data]
 
 
-@pytest.mark.parametrize("flatness", ["sam"])
+@pytest.mark.parametrize("flatness", ["none"])
 def test_resnet20_frn_learns_on_real_cifar10_subset(flatness, cifar10_archive, tmp_path):
     res = run_cfg([
         "dataset=cifar10", f"dataset.root={cifar10_archive}", f"dataset.cache_dir={tmp_path / 'cache'}",

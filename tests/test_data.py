@@ -63,6 +63,32 @@ def test_digits_shapes_and_fixed_split():
     b.train.set_epoch(3)  # no-op but present
 
 
+def test_digits_read_from_sklearns_file_equal_load_digits(monkeypatch):
+    """The arrays read from scikit-learn's shipped CSV without importing it are load_digits' own, and the fallback
+    through load_digits (a release that moved the file) gives the same (red if either path's parsing drifts)."""
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    from flatbnn.data import digits
+
+    d = load_digits()
+    digits.load_digits_arrays.cache_clear()
+    try:
+        assert digits._shipped_csv() is not None
+        monkeypatch.setitem(sys.modules, "sklearn.datasets", None)  # the file path must not import it
+        images, labels = digits.load_digits_arrays()
+        monkeypatch.undo()
+        assert np.array_equal(images, d.images.astype(np.uint8)) and np.array_equal(labels, d.target)
+        assert images.dtype == np.uint8 and labels.dtype == np.int64 and images.shape == (1797, 8, 8)
+        digits.load_digits_arrays.cache_clear()
+        monkeypatch.setattr(digits, "_shipped_csv", lambda: None)
+        fallback = digits.load_digits_arrays()
+        assert np.array_equal(fallback[0], images) and np.array_equal(fallback[1], labels)
+    finally:
+        digits.load_digits_arrays.cache_clear()
+
+
 def test_digits_subsets_val_and_errors():
     b = build_dataset("digits", train_subset=100, test_subset=50, val_split=20, seed=0)
     assert len(b.train) == 80 and len(b.val) == 20 and len(b.test) == 50

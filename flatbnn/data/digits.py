@@ -7,7 +7,10 @@ the run seed. No augmentation (``augment`` must be ``"none"``).
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
@@ -21,18 +24,38 @@ SPLIT_SEED = 0  # fixed: the train/test split never changes
 SUBSET_SEED = 0  # fixed: train_subset/test_subset/val_split are the same for every run seed
 
 
+def _shipped_csv() -> Path | None:
+    """scikit-learn's own copy of the data (``sklearn/datasets/data/digits.csv.gz``: 64 pixels and the label a row),
+    found without importing scikit-learn, or None where a release moved it."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
+    return path if path.is_file() else None
+
+
 @lru_cache(maxsize=1)
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
-    """All 1,797 images as uint8 ``[N, 8, 8]`` (values 0..16) and int64 labels."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "the 'digits' data set needs scikit-learn: pip install scikit-learn"
-        ) from e
-    d = load_digits()
-    images = np.asarray(d.images).round().astype(np.uint8)
-    labels = np.asarray(d.target).astype(np.int64)
+    """All 1,797 images as uint8 ``[N, 8, 8]`` (values 0..16) and int64 labels: scikit-learn's CSV read as its
+    ``load_digits`` reads it, without importing scikit-learn (2 s of modules in every digits process, the tests'
+    subprocesses included; tests/test_data.py checks the arrays equal ``load_digits``'), or through ``load_digits``
+    where the file is not where it was."""
+    path = _shipped_csv()
+    if path is not None:
+        with gzip.open(path, "rt") as f:
+            data = np.loadtxt(f, delimiter=",")
+        images, labels = data[:, :-1].reshape(-1, 8, 8), data[:, -1]
+    else:
+        try:
+            from sklearn.datasets import load_digits
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise ImportError(
+                "the 'digits' data set needs scikit-learn: pip install scikit-learn"
+            ) from e
+        d = load_digits()
+        images, labels = d.images, d.target
+    images = np.asarray(images).round().astype(np.uint8)
+    labels = np.asarray(labels).astype(np.int64)
     images.setflags(write=False)
     labels.setflags(write=False)
     return images, labels

@@ -77,9 +77,10 @@ def _check_composition(cfg: DictConfig) -> None:
     from flatbnn.engine.validate import check_group_files
 
     rt = HydraConfig.get().runtime
-    if rt.choices.get("cell"):  # reproduce's modules (scipy, matplotlib: seconds) only for a reproduce job
+    cell = rt.choices.get("cell")
+    if cell:  # reproduce's modules (its statistics import scipy) only for a reproduce job
         from flatbnn.reproduce.launch import check_cell_choice
-        check_cell_choice(cfg, rt.choices.get("cell"))
+        check_cell_choice(cfg, cell)
     check_group_files(dict(rt.choices), rt.config_sources)
 
 

@@ -37,7 +37,7 @@ def _shipped_csv() -> Path | None:
 @lru_cache(maxsize=1)
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """All 1,797 images as uint8 ``[N, 8, 8]`` (values 0..16) and int64 labels: scikit-learn's CSV read as its
-    ``load_digits`` reads it, without importing scikit-learn (2 s of modules in every digits process, the tests'
+    ``load_digits`` reads it, without importing scikit-learn (~1 s of modules in every digits process, the tests'
     subprocesses included; tests/test_data.py checks the arrays equal ``load_digits``'), or through ``load_digits``
     where the file is not where it was."""
     path = _shipped_csv()

@@ -4,6 +4,8 @@
 # capture), img/s of the second, meta.cuda_graph (replays / eager steps / reasons), one vs two processes, the
 # host loader vs dataset.loader=device, graphed vs eager, bSAM / VOGN / SGD. Summary -> $OUT/probe.json.
 #   BUDGET_S=230 bash scripts/window_probe.sh MNIST_ROOT OUT [DEVICE=cuda] [EPOCHS=2]   (on the device, before the window)
+#   SET=differences ...: only what window 5's probe left open (two processes with the host loader, with and
+#   without CUDA MPS and with per-process thread caps; progress + per-epoch evaluation), ~100 s
 set -u
 ROOT=$1; OUT=$2; DEV=${3:-cuda}; EP=${4:-2}
 W=$(mktemp -d /tmp/probe.XXXX)
@@ -20,6 +22,24 @@ run() {  # name, overrides... (each within what is left of the probe's BUDGET_S,
   timeout $left python3 train.py "${MLP[@]}" "$@" hydra.run.dir=$W/$name > $W/$name.out 2>&1; echo "$name rc $?"
 }
 t0=$(date +%s); DEADLINE=$(( t0 + ${BUDGET_S:-230} ))
+if [[ ${SET:-all} == differences ]]; then
+  # window 5 ran its pair with dataset.loader=device only; window 4's and 5's slow campaign jobs had the host
+  # loader, two processes, each with torch's default threads (all cores), and CUDA MPS
+  run bsam_graph_pair_cpu_a "${BSAM[@]}" trainer.cuda_graph=true seed=1 &
+  run bsam_graph_pair_cpu_b "${BSAM[@]}" trainer.cuda_graph=true seed=2 &
+  wait
+  run bsam_graph_progress_eval "${BSAM[@]}" trainer.cuda_graph=true trainer.progress=true trainer.eval_every=1
+  if command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d; then
+    run bsam_graph_mps_cpu_a "${BSAM[@]}" trainer.cuda_graph=true seed=1 &
+    run bsam_graph_mps_cpu_b "${BSAM[@]}" trainer.cuda_graph=true seed=2 &
+    wait
+    OMP_NUM_THREADS=4 run bsam_graph_mps_omp4_a "${BSAM[@]}" trainer.cuda_graph=true seed=1 &
+    OMP_NUM_THREADS=4 run bsam_graph_mps_omp4_b "${BSAM[@]}" trainer.cuda_graph=true seed=2 &
+    wait; echo quit | nvidia-cuda-mps-control
+  else echo "no CUDA MPS here"; fi
+  SKIP_ALL=1
+fi
+[[ -n ${SKIP_ALL:-} ]] || {
 run bsam_graph_cpuloader "${BSAM[@]}" trainer.cuda_graph=true
 run bsam_graph_devloader "${BSAM[@]}" trainer.cuda_graph=true dataset.loader=device
 run bsam_eager_devloader "${BSAM[@]}" dataset.loader=device
@@ -38,6 +58,7 @@ if command -v nvidia-cuda-mps-control >/dev/null && nvidia-cuda-mps-control -d; 
   run bsam_graph_mps_b "${BSAM[@]}" trainer.cuda_graph=true seed=2 &
   wait; echo quit | nvidia-cuda-mps-control
 else echo "no CUDA MPS here"; fi
+}
 echo "probe: $(( $(date +%s) - t0 )) s"
 python3 - "$W" "$OUT/probe.json" <<'EOF'
 import json, sys

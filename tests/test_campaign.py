@@ -602,3 +602,19 @@ def test_a_bad_override_value_after_the_double_dash_stops_the_campaign_before_it
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert rc == 2 and len(err) == 1 and "optimizer.lr='fast': must be a number" in err[0], err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("slot, procs, gpus, want", [
+    (0, 4, 0, {"OMP_NUM_THREADS": "4"}),                                # 4 CPU jobs on 16 cores
+    (1, 2, 1, {"CUDA_VISIBLE_DEVICES": "0", "OMP_NUM_THREADS": "8"}),   # window 6: 2 jobs on one GPU
+    (3, 2, 2, {"CUDA_VISIBLE_DEVICES": "1", "OMP_NUM_THREADS": "4"}),   # 2 per GPU on 2 GPUs: 4 share the host
+    (0, 32, 1, {"CUDA_VISIBLE_DEVICES": "0", "OMP_NUM_THREADS": "1"}),  # never 0 threads
+])
+def test_jobs_side_by_side_split_the_cores_on_a_gpu_too(monkeypatch, slot, procs, gpus, want):
+    # two GPU jobs with torch's default threads (all cores each) and the host loader ran 25 ms a step each against
+    # 3 ms alone (window 6's probe): a GPU job gets its share of the cores like a CPU job
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(campaign.os, "cpu_count", lambda: 16)
+    assert campaign.job_env(slot, procs, gpus) == want
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the caller's choice stands
+    assert "OMP_NUM_THREADS" not in campaign.job_env(slot, procs, gpus)

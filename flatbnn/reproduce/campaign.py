@@ -399,14 +399,25 @@ def _log_path(job: Job) -> Path:
     return job.out / ".campaign" / f"{launch.cell_config_name(job.cell.id, job.seed)}.pid{os.getpid()}.log"
 
 
+def job_env(slot: int, procs: int, gpus: int) -> dict[str, str]:
+    """What a job in ``slot`` adds to the environment: its GPU (``procs`` jobs per GPU), and its share of the cores
+    unless OMP_NUM_THREADS is set -- on a GPU too. Window 6 (one H200, 16 cores, 2026-11-28) ran two graphed bSAM
+    m = 8 MLP jobs side by side, each with torch's default threads (every core) and the host loader: 25 ms a step
+    each, the 24.9 ms of windows 4 and 5; the same pair with the data on the device ran 3.0 ms, one job alone 0.9-3.2
+    ms (results/bench/nvidia-h200-2026-11-28-probe-822dc4a.json)."""
+    env = {}
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = str(slot // max(1, procs))
+    if "OMP_NUM_THREADS" not in os.environ:  # jobs side by side: split the cores, no oversubscription
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // (max(1, procs) * max(1, gpus))))
+    return env
+
+
 def _start(job: Job, search: Path, slot: int, procs: int, gpus: int):
     from flatbnn.engine.lock import HANDOVER_ENV
 
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **{HANDOVER_ENV: str(os.getpid())})  # the run-dir lock (_claim)
-    if gpus:
-        env["CUDA_VISIBLE_DEVICES"] = str(slot // max(1, procs))
-    elif "OMP_NUM_THREADS" not in os.environ:  # CPU processes side by side: split the cores, no oversubscription
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, procs)))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **{HANDOVER_ENV: str(os.getpid())},  # the run-dir lock (_claim)
+               **job_env(slot, procs, gpus))
     log = _log_path(job)
     log.parent.mkdir(parents=True, exist_ok=True)
     logf = open(log, "ab")

@@ -4,6 +4,7 @@
 # capture), img/s of the second, meta.cuda_graph (replays / eager steps / reasons), one vs two processes, the
 # host loader vs dataset.loader=device, graphed vs eager, bSAM / VOGN / SGD. Summary -> $OUT/probe.json.
 #   BUDGET_S=230 bash scripts/window_probe.sh MNIST_ROOT OUT [DEVICE=cuda] [EPOCHS=2]   (on the device, before the window)
+#   SET=threads ...: two side-by-side host-loader jobs with 8 threads each (window 6's open question), ~40 s
 #   SET=differences ...: only what window 5's probe left open (two processes with the host loader, with and
 #   without CUDA MPS and with per-process thread caps; progress + per-epoch evaluation), ~100 s
 set -u
@@ -22,7 +23,14 @@ run() {  # name, overrides... (each within what is left of the probe's BUDGET_S,
   timeout $left python3 train.py "${MLP[@]}" "$@" hydra.run.dir=$W/$name > $W/$name.out 2>&1; echo "$name rc $?"
 }
 t0=$(date +%s); DEADLINE=$(( t0 + ${BUDGET_S:-230} ))
-if [[ ${SET:-all} == differences ]]; then
+if [[ ${SET:-all} == threads ]]; then
+  # window 6's open question (~40 s): is the 25 ms of two side-by-side host-loader jobs their threads? The same
+  # pair as bsam_graph_pair_cpu_*, each with 8 threads (what campaign.job_env now gives 2 jobs on 16 cores)
+  OMP_NUM_THREADS=8 run bsam_graph_pair_omp8_a "${BSAM[@]}" trainer.cuda_graph=true seed=1 &
+  OMP_NUM_THREADS=8 run bsam_graph_pair_omp8_b "${BSAM[@]}" trainer.cuda_graph=true seed=2 &
+  wait
+  SKIP_ALL=1
+elif [[ ${SET:-all} == differences ]]; then
   # window 5 ran its pair with dataset.loader=device only; window 4's and 5's slow campaign jobs had the host
   # loader, two processes, each with torch's default threads (all cores), and CUDA MPS
   run bsam_graph_pair_cpu_a "${BSAM[@]}" trainer.cuda_graph=true seed=1 &

@@ -167,6 +167,8 @@ regen: setup
 #   make gpu-window PRINT=1 [MINUTES=9.5] [ROWS=...]   build .device/ (wheels, data, COMMIT, resume.tgz) and print
 #        [SELFCHECK=results/bench/<...>-selfcheck-<commit>.json]   the device call: its carry list and command line;
 #                                                      SELFCHECK: an earlier window's verdicts (same step code)
+#        [EAGER=1] [PROCS=4]                           EAGER: no self-check, every job eager (small nets, where
+#                                                      start-up rules: window 6); PROCS: jobs at once, not measured
 #   make gpu-window DRY=1                              the whole chain on this CPU at tiny sizes, into $(WINDOW_OUT)
 #   make gpu-restore FROM=<files_at>                   merge the window's output into results/ (dry: FROM/restored/)
 CIFAR10    ?= ../shared/data/cifar10_jpeg.tar.gz
@@ -179,7 +181,7 @@ FROM       ?= $(WINDOW_OUT)
 gpu-window-prepare: setup
 	$(PY) -m flatbnn.reproduce.window_host prepare --minutes $(or $(MINUTES),9.5) $(if $(ROWS),--rows $(ROWS)) \
 		--cifar10 $(CIFAR10) --mnist-root $(MNIST_ROOT) --wheels $(WHEELS) --data $(WINDOW_DATA) --print \
-		$(if $(SELFCHECK),--selfcheck-from $(SELFCHECK))
+		$(if $(SELFCHECK),--selfcheck-from $(SELFCHECK)) $(if $(PROCS),--procs $(PROCS)) $(if $(EAGER),--eager)
 
 ifeq ($(DRY),1)
 gpu-window: setup
@@ -189,7 +191,8 @@ else ifeq ($(PRINT),1)
 gpu-window: gpu-window-prepare
 else
 gpu-window:
-	python3 -m flatbnn.reproduce.window --minutes $(or $(MINUTES),9.5) --data-dir .device --out $(OUT) $(if $(ROWS),--rows $(ROWS))
+	python3 -m flatbnn.reproduce.window --minutes $(or $(MINUTES),9.5) --data-dir .device --out $(OUT) $(if $(ROWS),--rows $(ROWS)) \
+		$(if $(PROCS),--procs $(PROCS)) $(if $(EAGER),--eager)
 endif
 
 gpu-restore: setup

@@ -356,3 +356,24 @@ def test_a_stopped_dry_window_is_one_line_its_code_and_leaves_no_child_work_dir_
     assert list(tmpdir.iterdir()) == [], list(tmpdir.rglob("*"))[:5]
     assert sorted(f.name for f in out.iterdir() if f.name.startswith(".")) == []
     assert lines[0] in (out / "window.log").read_text()
+
+
+def test_an_eager_window_checks_no_path_and_its_campaign_runs_every_job_eagerly(tmp_path, monkeypatch):
+    """EAGER=1 (window 6): no self-check child starts, every path says why it is unused, so the campaign's
+    step overrides for every cell are the eager ones; the printed command carries the choice."""
+    cmd = window_host.command(7.3, "posterior_flatness_grid", procs=4, eager=True)
+    assert cmd.endswith("--rows posterior_flatness_grid --procs 4 --eager") and len(cmd) <= window_host.COMMAND_LIMIT
+    monkeypatch.setattr(selfcheck, "_timed_child", lambda *a, **k: pytest.fail("a self-check child started"))
+    seen = {}
+
+    def campaign(out, **kw):
+        seen.update(kw, report=json.loads((out / "selfcheck.json").read_text()))
+        return 0
+
+    monkeypatch.setattr(window, "run_campaign", campaign)
+    summary = window.run_window(tmp_path / "out", minutes=2.5, dry=True, data_dir=None, work=tmp_path / "work",
+                                procs=2, eager=True)
+    rep = seen["report"]
+    assert summary["usable"] == rep["usable"] == [] and seen["procs"] == 2
+    assert set(rep["paths"]) == {p.name for p in selfcheck.PATHS}
+    assert {r["reason"] for r in rep["paths"].values()} == {"eager window (--eager): not checked"}

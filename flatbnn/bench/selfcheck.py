@@ -325,7 +325,8 @@ def _timed_child(path: StepPath, cap: float, dry: bool) -> dict:
 
 
 def run_selfcheck(out: Path, *, dry: bool, budget_s: float = 180.0, caps: dict[str, float] | None = None,
-                  names: list[str] | None = None, parallel: bool = False, log=print) -> dict:
+                  names: list[str] | None = None, parallel: bool = False, log=print,
+                  skip_reason: str | None = None) -> dict:
     """Every path in its own subprocess; ``out`` rewritten after each. Paths after the budget: skipped (unused).
     ``parallel``: the children run side by side (CPU dry run only: a GPU's timings must not overlap)."""
     t0 = time.monotonic()
@@ -345,7 +346,7 @@ def run_selfcheck(out: Path, *, dry: bool, budget_s: float = 180.0, caps: dict[s
         else:
             left = budget_s - (time.monotonic() - t0)
             rec = _timed_child(path, min((caps or {}).get(path.name, path.cap_s), left), dry) if left >= 5 else {
-                "ok": False, "reason": f"skipped: the self-check's {budget_s:.0f} s were spent"}
+                "ok": False, "reason": skip_reason or f"skipped: the self-check's {budget_s:.0f} s were spent"}
         rec["what"] = path.what
         report["paths"][path.name] = rec
         report["usable"] = [n for n, r in report["paths"].items() if r.get("ok")]

@@ -219,7 +219,7 @@ def check_out(out: Path) -> dict[str, int]:
 
 def run_window(out: Path, *, minutes: float, dry: bool, data_dir: Path | None, rows: list[str] | None = None,
                work: Path | None = None, extra: list[str] = (), caps: dict[str, float] | None = None,
-               procs: int | None = None, selfcheck_s: float | None = None) -> dict:
+               procs: int | None = None, selfcheck_s: float | None = None, eager: bool = False) -> dict:
     t0 = time.monotonic()
     end = t0 + minutes * 60
     out.mkdir(parents=True, exist_ok=True)
@@ -256,8 +256,11 @@ def run_window(out: Path, *, minutes: float, dry: bool, data_dir: Path | None, r
         sc_budget = DRY_SELFCHECK_S
         caps = {p.name: sc_budget for p in selfcheck.PATHS} | dict(caps or {})
     carried = data_dir is not None and (data_dir / REUSED_SELFCHECK).is_file()  # the versions child costs seconds
-    report, why = reused_selfcheck(data_dir, _versions_here(dry)) if carried else (None, "")
-    if report is not None:
+    report, why = reused_selfcheck(data_dir, _versions_here(dry)) if carried and not eager else (None, "")
+    if eager:  # asked for: no path is checked, so none is used
+        report = selfcheck.run_selfcheck(out / "selfcheck.json", dry=dry, budget_s=0.0, log=log,
+                                         skip_reason="eager window (--eager): not checked")
+    elif report is not None:
         selfcheck.write_json(out / "selfcheck.json", report)
         log(f"self-check: reused from commit {str(report['reused']['commit'])[:8]} of {report['reused']['date']} "
             f"(same device, torch, CUDA; same step code): usable {', '.join(report['usable'])}")
@@ -404,6 +407,8 @@ def main(argv=None) -> int:
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: under $TMPDIR)")
     ap.add_argument("--procs", type=int, default=None, help="skip the process-count test and use this many")
     ap.add_argument("--cap", type=_caps, default={}, help="per-path time caps, e.g. compiled=60 (seconds)")
+    ap.add_argument("--eager", action="store_true",
+                    help="no self-check: every job runs its eager step (small nets, where start-up rules)")
     ap.add_argument("--selfcheck-s", type=float, default=None,
                     help=f"seconds for the whole self-check (default: 35%% of the window, at most {SELFCHECK_S:.0f})")
     argv, extra = split_after_double_dash(list(sys.argv[1:] if argv is None else argv))
@@ -424,7 +429,7 @@ def main(argv=None) -> int:
     try:
         run_window(args.out, minutes=args.minutes, dry=args.dry_run, data_dir=args.data_dir,
                    rows=[r for r in args.rows.split(",") if r] if args.rows else None, work=work,
-                   extra=extra, caps=args.cap, procs=args.procs, selfcheck_s=args.selfcheck_s)
+                   extra=extra, caps=args.cap, procs=args.procs, selfcheck_s=args.selfcheck_s, eager=args.eager)
     except FileExistsError as e:
         print(f"window: {e}", file=sys.stderr)
         return 2

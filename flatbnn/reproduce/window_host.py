@@ -99,11 +99,12 @@ def reusable_selfcheck(f: Path) -> dict:
     return report
 
 
-def command(minutes: float, rows: str | None = None) -> str:
+def command(minutes: float, rows: str | None = None, procs: int | None = None, eager: bool = False) -> str:
     """The device call's command line: install the carried wheels, then the window."""
     cmd = ("python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/wheels/*.whl && "
            "export PYTHONPATH=/tmp/site:$PWD && python3 -m flatbnn.reproduce.window "
-           f"--minutes {minutes:g} --data-dir .device --out $OUT" + (f" --rows {rows}" if rows else ""))
+           f"--minutes {minutes:g} --data-dir .device --out $OUT" + (f" --rows {rows}" if rows else "")
+           + (f" --procs {procs}" if procs else "") + (" --eager" if eager else ""))
     if len(cmd) > COMMAND_LIMIT:
         raise WindowError(f"the command is {len(cmd)} characters, over the device tool's {COMMAND_LIMIT}")
     return cmd
@@ -254,6 +255,9 @@ def main(argv=None) -> int:
     p.add_argument("--wheels", type=Path, default=SHARED / "wheels")
     p.add_argument("--data", default=",".join(DATA_FILES), help="data sets to carry (default: all three)")
     p.add_argument("--print", action="store_true", help="print the carry list and the command (after preparing)")
+    p.add_argument("--procs", type=int, default=None, help="jobs at once (default: the window measures 1 / 2 / 4)")
+    p.add_argument("--eager", action="store_true",
+                   help="no self-check: every job eager (window 6: the grid's 30-epoch MLP runs, ~25-50 s each)")
     p.add_argument("--selfcheck-from", type=Path, default=None,
                    help="an earlier window's self-check (results/bench/*-selfcheck-*.json) to carry: the window skips "
                         "its own when device, torch and CUDA match and the step code is unchanged since")
@@ -275,7 +279,7 @@ def main(argv=None) -> int:
             print(f"prepare: the tree {res['tree'] / 2**20:.2f} MiB; all that travels {res['total'] / 2**20:.2f} MiB "
                   f"of 64 MiB")
             if args.print:
-                cmd = command(args.minutes, args.rows)
+                cmd = command(args.minutes, args.rows, args.procs, args.eager)
                 print(f"carry: {json.dumps(['.device'])}")
                 print(f"timeout_s: {min(600, math.ceil(args.minutes * 60) + 25)}")
                 print(f"command ({len(cmd)} characters):\n{cmd}")

@@ -98,7 +98,9 @@ class BSAM(DiagonalGaussianMethod):
         with backprop.no_sync(), backprop.bn_updates(update_bn):
             loss = backprop.forward(self.loss_fn, chunk)
             backprop.backward(loss)
-        grads = [g.detach().clone() for g in backprop.unscaled_grads(params)]
+        # no copy: p.grad is dropped right after, so the next backward writes a fresh tensor (DDP's grads are not
+        # bucket views: engine/build.py keeps gradient_as_bucket_view off) -- 2 x m copies of the weights a step
+        grads = [g.detach() for g in backprop.unscaled_grads(params)]
         for p in params:
             p.grad = None
         return loss.detach(), grads

@@ -184,6 +184,23 @@ def test_holm_keeps_one_noisy_comparison_of_twenty_from_reversing_a_claim():
     comps = [comp(0.001, -1)] + [comp(0.5, 1) for _ in range(19)]   # 0.02 after Holm: a real reversal
     claims.adjust_family(comps)
     assert comps[0]["outcome"] == "reversed"
+    assert claims.claim_verdict("overall", comps)[0] == "mixed"   # a real exception, never outvoted by 19 nulls
+
+
+def test_overall_never_calls_significant_comparisons_seed_noise():
+    """The grid's SGVB-LRT shape: NLL twice within noise the claimed way, ECE twice reversed after Holm, estimates
+    tied 2 : 2. Two significant reversals are a finding ("mixed"), not "within seed noise"; so is an agreement
+    outvoted by estimates the other way. Only a family with nothing significant is seed noise."""
+    def comp(outcome, toward):
+        return {"direction": "better", "outcome": outcome, "toward": toward}
+    tied = [comp("within seed noise", 1), comp("within seed noise", 1), comp("reversed", -1), comp("reversed", -1)]
+    assert claims.claim_verdict("overall", tied)[0] == "mixed"
+    outvoted = [comp("agrees", 1), comp("within seed noise", -1), comp("within seed noise", -1)]
+    assert claims.claim_verdict("overall", outvoted)[0] == "mixed"
+    assert claims.claim_verdict("overall", [comp("reversed", -1), comp("within seed noise", -1)])[0] == "reversed"
+    assert claims.claim_verdict("overall", [comp("agrees", 1), comp("within seed noise", 1)])[0] == "holds"
+    assert claims.claim_verdict("overall", [comp("within seed noise", 1), comp("within seed noise", -1)])[0] \
+        == "within seed noise"
 
 
 def test_an_all_claim_tests_its_agreements_as_an_intersection_union():
@@ -216,7 +233,7 @@ def _comps(agree=0, reverse=0, noise_toward=0, noise_against=0, failed=0, direct
     ("most", dict(agree=1, noise_toward=3), "within seed noise"),
     ("most", dict(reverse=3, noise_toward=1), "reversed"),
     ("overall", dict(agree=1, noise_toward=3), "holds"),
-    ("overall", dict(agree=1, noise_against=3), "within seed noise"),   # one win, most estimates the other way
+    ("overall", dict(agree=1, noise_against=3), "mixed"),   # one significant win, most estimates the other way: a finding, not noise
     ("overall", dict(agree=3, reverse=1, noise_toward=2), "mixed"),     # a significant exception is never outvoted
     ("overall", dict(agree=1, reverse=1, noise_toward=2), "mixed"),
     ("overall", dict(reverse=1, noise_against=2), "reversed"),

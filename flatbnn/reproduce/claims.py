@@ -35,8 +35,9 @@ tallied with the undecided). A metric without a record, or a record without per-
 - ``all``: holds when A = K; reversed when R > 0 and A = 0; mixed when both; else within seed noise / inconclusive;
 - ``most``: holds when A > K / 2; reversed when R > K / 2; mixed when A > 0 and R > 0; else within noise;
 - ``overall``: holds when A > 0, R = 0 and more point estimates point the claimed way than against; reversed in the
-  mirror case; mixed when A > 0 and R > 0 (a significant exception is a finding, shown, never outvoted); else
-  within seed noise / inconclusive.
+  mirror case; mixed when any comparison is significant otherwise -- A > 0 and R > 0, or significant ones one way
+  with the estimates not leaning that way (a significant exception is a finding, shown, never outvoted); within
+  seed noise / inconclusive only when none is significant.
 
 With no true difference a false "holds" or "reversed" needs a false significant comparison, which Holm keeps below
 5 % (``scripts/reproduce.py claims --calibrate`` simulates every claim at its shape and checks it). Below the paper's
@@ -324,8 +325,8 @@ def claim_verdict(quantifier: str, comparisons: list[dict]) -> tuple[str, dict]:
             verdict = "holds"
         elif bad and not agree and against > toward:
             verdict = "reversed"
-        else:
-            verdict = "mixed" if agree and bad else weak
+        else:   # a significant comparison either way is a finding: never read as noise (nor outvoted)
+            verdict = "mixed" if agree or bad else weak
     return verdict, tally
 
 

@@ -162,6 +162,39 @@ def test_a_run_record_is_a_measured_rate_and_an_unmatched_config_is_assumed(tmp_
     assert ("nvidia-h200", cost.work_key(cfg)) not in rates          # a CPU record says nothing about a GPU
 
 
+def test_a_benchmark_supersedes_the_runs_that_finished_before_it_and_later_runs_join_it(tmp_path):
+    """VOGN's MNIST MLP cells were priced at 7.8 h from runs of the 607 ms step after the step fell to 88 ms: a run
+    measured before the newest benchmark of its step (same device) measured older code and must not price today's."""
+    model = yaml.safe_load((cost.CONFIGS_DIR / "model" / "mlp.yaml").read_text())
+    cfg = {"model": model, "dataset": {"input_shape": [1, 28, 28]}, "method": {"_target_": "flatbnn.methods.VOGN", "m": 8},
+           "flatness": {"_target_": "flatbnn.flatness.NoFlatness"}, "trainer": {"precision": "fp32"}}
+    key = ("cpu", cost.work_key(cfg))
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    (bench / "cpu-2026-11-28.json").write_text(json.dumps({
+        "date": "2026-11-28T22:54:21+00:00", "device": {"type": "cpu", "slug": "cpu"},
+        "settings": {"model": "mlp", "input_shape": [1, 28, 28], "precision": "fp32", "batch_size": 200},
+        "rows": {"vogn_m8+none": {"kind": "step", "images_per_s": 2000.0}}}))
+
+    def record(name, finished_at, seconds):
+        run = tmp_path / "records" / "row" / "cpu" / "runs" / name / "seed0"
+        run.mkdir(parents=True)
+        (run / "config_resolved.yaml").write_text(yaml.safe_dump(cfg))
+        (run / "results.json").write_text(json.dumps({"meta": {
+            "budget": {"train_size": 1000, "epochs": 4}, "train_seconds": seconds, "finished_at": finished_at,
+            "hardware": {"device": "cpu", "cpu_count": 2}}}))
+
+    record("old", "2026-11-25T16:10:32+00:00", 40.0)   # 100 images/s: the old step
+    cost._measured_rates.cache_clear()
+    [r] = cost.measured_rates(bench, tmp_path / "records")[key]
+    assert r.images_per_s == 2000.0 and "cpu-2026-11-28.json" in r.basis
+    record("new", "2026-11-29T01:00:00+00:00", 2.5)    # 1600 images/s, after the benchmark: joins it
+    cost._measured_rates.cache_clear()
+    assert sorted(r.images_per_s for r in cost.measured_rates(bench, tmp_path / "records")[key]) == [1600.0, 2000.0]
+    assert sorted(r.images_per_s for r in cost.measured_rates(tmp_path / "none", tmp_path / "records")[key]) == \
+        [100.0, 1600.0]                                 # no benchmark: every run counts
+
+
 def test_a_paper_cell_gets_its_verdict_when_all_its_seeds_are_in_and_the_board_counts_it(tmp_path, monkeypatch):
     from test_reproduce import _fake_run
 

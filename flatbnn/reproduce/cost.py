@@ -8,7 +8,8 @@ Measured throughputs (images/s of training, both passes of a two-pass method inc
   * ``results/bench/*.json`` (scripts/benchmark.py: the training step of a network x method x flatness on one
     device; the newest file of each device/network/pair wins), and
   * finished runs' records ``results/reproduce/<row>/<scale>/runs/**/results.json``: train images x epochs /
-    train_seconds, the whole training loop (per-epoch evaluation included), per device.
+    train_seconds, the whole training loop (per-epoch evaluation included), per device -- those that finished
+    after the newest benchmark of their step on their device (an older run measured older code).
 A measurement matches a run when the network (name, depth, width), the method and flatness classes, the
 m-sharpness split m and the precision agree; the run's own batch size may differ (said in the basis).
 """
@@ -254,11 +255,16 @@ def _measured_rates(bench_dir: Path, records_root: Path) -> dict[tuple, list[Rat
         if secs <= 0 or meta.get("evaluated_from"):
             continue
         hw = meta.get("hardware") or {}
+        key = (device_slug(hw.get("gpu") if hw.get("device") == "cuda" else "cpu"), work_key(cfg))
+        # a run that finished before the newest benchmark of its step on its device is superseded by it: the step
+        # may have been made faster since (VOGN's 607 -> 88 ms a step on the MNIST MLP), and a stale whole-run rate
+        # would price today's cells at yesterday's code; runs after it join its median
+        if key in newest and str(meta.get("finished_at") or "") < newest[key][0]:
+            continue
         members = int((cfg.get("method") or {}).get("num_members") or 1)
         images = float(b["train_size"]) * float(b["epochs"]) * members
         where = res.parent.relative_to(records_root) if res.is_relative_to(records_root) else res.parent
-        rates.setdefault((device_slug(hw.get("gpu") if hw.get("device") == "cuda" else "cpu"), work_key(cfg)),
-                         []).append(Rate(images / secs, f"measured: {_cores(hw)}cpu run {where}"
+        rates.setdefault(key, []).append(Rate(images / secs, f"measured: {_cores(hw)}cpu run {where}"
                                          if hw.get("device") != "cuda" else f"measured: run {where}", True))
     return rates
 

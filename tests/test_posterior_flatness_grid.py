@@ -55,11 +55,16 @@ def test_delta_grid_is_the_welch_difference_and_marks_only_what_the_t_test_rejec
         _write(tmp_path, "mnist/mlp/sgd/sam", seed, sam[seed])
         _write(tmp_path, "mnist/mlp/sgd/fsam", seed, fsam[seed], ece=0.05)
     _write(tmp_path, "mnist/mlp/vogn/none", 0, 0.2)  # own perturbation: a base with no variant, no cell
+    for seed in (0, 1, 2):                             # adam: SAM half-way (2 of 3 seeds), FSAM's base half-way
+        _write(tmp_path, "mnist/mlp/adam/fsam", seed, 0.01)
+        if seed < 2:
+            _write(tmp_path, "mnist/mlp/adam/none", seed, 0.1)
+            _write(tmp_path, "mnist/mlp/adam/sam", seed, 0.01)
     spec = {"kind": "delta_grid", "facets": "dataset", "rows": "method", "cols": "flatness", "base": "none",
             "metrics": ["nll", "ece", "auroc_ood"]}
     data = figures.delta_grid_data(row, "paper", tmp_path, spec)
     nll = data["mnist"]["nll"]["sgd"]
-    assert set(data["mnist"]["nll"]) == {"sgd"} and set(nll) == {"sam", "fsam"}
+    assert set(data["mnist"]["nll"]) == {"sgd"} and set(nll) == {"sam", "fsam"}  # a cell half-way is no result
     for cv, values in (("sam", sam), ("fsam", fsam)):
         ref = welch_ttest(seed_stats(list(values.values())), seed_stats(list(base.values())))
         assert nll[cv]["delta"] == pytest.approx(ref.diff, abs=1e-12)

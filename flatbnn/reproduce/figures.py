@@ -233,7 +233,8 @@ def delta_grid_data(row: Row, scale: str, out: Path, spec: dict, archive_root: P
     """{facet: {metric: {row value: {col value: cell}}}}, cell = {"delta": mean_seeds(cell - base) or None, "n",
     "test": name, "p", "beyond": bool, "better": bool | None, "cell": mean, "base": mean} for every col but the base,
     by the row's declared seed test (``Row.seed_test``: Welch for separately trained cells, paired only where they
-    share a trained run) and the claims' zero-spread floor (stats.seed_difference_test)."""
+    share a trained run) and the claims' zero-spread floor (stats.seed_difference_test). Only cells whose every seed
+    has finished, against a base that has too."""
     from flatbnn.reproduce.claims import resolution
     from flatbnn.reproduce.stats import NOISE_ALPHA, seed_difference_test, seed_stats
 
@@ -242,19 +243,28 @@ def delta_grid_data(row: Row, scale: str, out: Path, spec: dict, archive_root: P
     facet_axis, row_axis, col_axis, base = spec.get("facets"), spec["rows"], spec["cols"], spec["base"]
     paper_metrics = (row.paper_data() or {}).get("metrics") or {}
     values = {}  # (facet, row value, col value, metric) -> {seed: value}
+    seeds_of, done_of = {}, {}  # (facet, row value, col value) -> the scale's seeds / those with a results.json
     for axes, seed, rd in _runs(row, scale, out, archive_root):
+        facet = axes.get(facet_axis, "") if facet_axis else ""
+        where = (facet, axes[row_axis], axes[col_axis])
+        seeds_of[where] = seeds_of.get(where, 0) + 1
         res = rd / "results.json"
         if not res.exists():
             continue
+        done_of[where] = done_of.get(where, 0) + 1
         metrics = json.loads(res.read_text()).get("metrics", {})
-        facet = axes.get(facet_axis, "") if facet_axis else ""
         for metric in spec["metrics"]:
             v = _metric_value(metrics, metric, (paper_metrics.get(metric) or {}).get("results_key"))
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                 values.setdefault((facet, axes[row_axis], axes[col_axis], metric), {})[seed] = float(v)
+    # a cell is drawn only when every seed of the scale has finished on both sides, as the claims judge it: a cell
+    # half-way through its seeds is not a result yet (it would show one seed's number as the cell's)
+    finished = {w for w, n in seeds_of.items() if done_of.get(w) == n}
     data = {}
     for (facet, rv, cv, metric), by_seed in values.items():
         if cv == base or (facet, rv, base, metric) not in values:
+            continue
+        if (facet, rv, cv) not in finished or (facet, rv, base) not in finished:
             continue
         base_by_seed = values[(facet, rv, base, metric)]
         x, y = seed_stats(list(by_seed.values())), seed_stats(list(base_by_seed.values()))
@@ -302,7 +312,7 @@ def draw_delta_grid(row: Row, scale: str, out: Path, spec: dict, archive_root: P
             for y, rv in enumerate(rows_):
                 for x, cv in enumerate(cols):
                     cell = grid.get(rv, {}).get(cv)
-                    if cell is None:  # the pair is not run (own perturbation) or has no seeds yet
+                    if cell is None:  # the pair is not run (own perturbation) or its seeds have not all finished
                         continue
                     signed = min(abs(cell["delta"]) / scale_, 1.0) * (1 if cell["better"] else -1)
                     colour = plt.get_cmap("RdYlGn")(0.5 + 0.45 * signed)
@@ -322,7 +332,7 @@ def draw_delta_grid(row: Row, scale: str, out: Path, spec: dict, archive_root: P
     caption = (f"{row.row} ({scale} scale): mean over seeds of the cell minus the {spec['cols']}={spec['base']} "
                f"cell of its row; green = better, red = worse for the metric; outlined and * = beyond seed noise "
                f"({test_name}, two-sided 5 %, one comparison: the claims on the page adjust for the family); "
-               f"blank = not run.")
+               f"blank = not run, or not all its seeds finished.")
     path = _finish(fig, row, scale, Path(out) / f"{spec.get('name', row.row + '_delta_grid')}.png", caption)
     write_json(path.with_suffix(".json"), {"spec": spec, "scale": scale, "grid": data,
                                            "rule": f"{test_name}, two-sided 5 %, unadjusted"})

@@ -157,18 +157,19 @@ def test_a_run_record_is_a_measured_rate_and_an_unmatched_config_is_assumed(tmp_
         "budget": {"train_size": 1000, "epochs": 4}, "train_seconds": 8.0,
         "hardware": {"device": "cpu", "cpu_count": 2}}}))
     rates = cost.measured_rates(tmp_path / "no_bench", tmp_path / "records")
-    [r] = rates[("cpu", cost.work_key(cfg))]
+    [r] = rates[("cpu", cost.work_key(cfg), "")]
     assert r.measured and r.images_per_s == pytest.approx(500.0)   # 1000 images x 4 epochs / 8 s
-    assert ("nvidia-h200", cost.work_key(cfg)) not in rates          # a CPU record says nothing about a GPU
+    assert ("nvidia-h200", cost.work_key(cfg), "") not in rates      # a CPU record says nothing about a GPU
 
 
 def test_a_benchmark_supersedes_the_runs_that_finished_before_it_and_later_runs_join_it(tmp_path):
     """VOGN's MNIST MLP cells were priced at 7.8 h from runs of the 607 ms step after the step fell to 88 ms: a run
     measured before the newest benchmark of its step (same device) measured older code and must not price today's."""
     model = yaml.safe_load((cost.CONFIGS_DIR / "model" / "mlp.yaml").read_text())
-    cfg = {"model": model, "dataset": {"input_shape": [1, 28, 28]}, "method": {"_target_": "flatbnn.methods.VOGN", "m": 8},
-           "flatness": {"_target_": "flatbnn.flatness.NoFlatness"}, "trainer": {"precision": "fp32"}}
-    key = ("cpu", cost.work_key(cfg))
+    cfg = {"model": model, "dataset": {"input_shape": [1, 28, 28]}, "trainer": {"precision": "fp32"},
+           "method": {"_target_": "flatbnn.methods.vogn.VOGN", "m": 8, "batched_parts": "auto"},
+           "flatness": {"_target_": "flatbnn.flatness.NoFlatness"}}
+    key = ("cpu", cost.work_key(cfg), "batched")   # VOGN's auto: batched on a CPU too
     bench = tmp_path / "bench"
     bench.mkdir()
     (bench / "cpu-2026-11-28.json").write_text(json.dumps({
@@ -193,6 +194,39 @@ def test_a_benchmark_supersedes_the_runs_that_finished_before_it_and_later_runs_
     assert sorted(r.images_per_s for r in cost.measured_rates(bench, tmp_path / "records")[key]) == [1600.0, 2000.0]
     assert sorted(r.images_per_s for r in cost.measured_rates(tmp_path / "none", tmp_path / "records")[key]) == \
         [100.0, 1600.0]                                 # no benchmark: every run counts
+
+
+def test_a_benchmark_row_prices_only_the_runs_that_take_its_path_of_the_m_parts(tmp_path):
+    """The loop and batched rows of one pair differ up to 3.6x (SAM m = 8 on the MNIST MLP: 78 vs 22 ms): the
+    estimate of a run that loops must not come from the batched row (it did: whichever row came last won), and
+    bSAM's batched_parts=auto loops on a CPU and batches on a GPU."""
+    model = yaml.safe_load((cost.CONFIGS_DIR / "model" / "mlp.yaml").read_text())
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    for slug, rows in (("cpu", {"map+sam_m8": 100.0, "map+sam_m8_batched": 400.0, "bsam+none": 50.0,
+                                "bsam_batched+none": 30.0}),
+                       ("some-gpu", {"bsam+none": 7000.0, "bsam_loop+none": 900.0})):
+        (bench / f"{slug}-2026-11-28.json").write_text(json.dumps({
+            "date": "2026-11-28T22:54:21+00:00", "device": {"type": "cpu" if slug == "cpu" else "cuda", "slug": slug},
+            "settings": {"model": "mlp", "input_shape": [1, 28, 28], "precision": "fp32", "batch_size": 200},
+            "rows": {k: {"kind": "step", "images_per_s": v} for k, v in rows.items()}}))
+    cost._measured_rates.cache_clear()
+    rates = cost.measured_rates(bench, tmp_path / "none")
+
+    def rate(device, method, flatness):
+        cfg = {"model": model, "dataset": {"input_shape": [1, 28, 28]}, "trainer": {"precision": "fp32"},
+               "method": method, "flatness": flatness}
+        [r] = rates[(device, cost.work_key(cfg), cost.parts_path(cfg, device))]
+        return r.images_per_s
+
+    sam = {"_target_": "flatbnn.flatness.SAM", "m": 8}
+    assert rate("cpu", {"_target_": "flatbnn.methods.MAP"}, sam) == 100.0
+    assert rate("cpu", {"_target_": "flatbnn.methods.MAP"}, {**sam, "batched_chunks": True}) == 400.0
+    bsam = {"_target_": "flatbnn.methods.bsam.BSAM", "m": 8, "batched_parts": "auto"}
+    none = {"_target_": "flatbnn.flatness.NoFlatness"}
+    assert rate("cpu", bsam, none) == 50.0 and rate("some-gpu", bsam, none) == 7000.0
+    assert rate("cpu", {**bsam, "batched_parts": True}, none) == 30.0
+    assert rate("some-gpu", {**bsam, "batched_parts": False}, none) == 900.0
 
 
 def test_a_paper_cell_gets_its_verdict_when_all_its_seeds_are_in_and_the_board_counts_it(tmp_path, monkeypatch):

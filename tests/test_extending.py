@@ -145,7 +145,7 @@ from flatbnn.reproduce import cost, launch
 import benchmark
 
 out = {"passes": cost.run_cost(launch.compose_cell(["dataset=digits", "model=mlp", "flatness=weights_sam"])).passes,
-       "default_rows": benchmark.DEFAULT.split(","), "pair": list(cost._bench_pairs()["map+weights_sam"])}
+       "default_rows": benchmark.DEFAULT.split(","), "pair": list(cost._bench_pairs()["map+weights_sam"][0])}
 res = benchmark.main(["--smoke", "--configs", "map+weights_sam", "--repeats", "1", "--json", "bench.json"])
 out["row"] = res["rows"]["map+weights_sam"]
 print(json.dumps(out))

@@ -135,6 +135,13 @@ def default_pairs(configs_dir: Path | None = None) -> list[str]:
 
 
 @functools.cache
+def pair_keys() -> dict[str, dict]:
+    """Every row label -> ``{"method": keys, "flatness": keys}``: the constructor keys each side is built with (a run
+    config's shape, for the cost estimates' matching: which path the row's m parts take, say)."""
+    ms, fs = {n: keys_of("method", v) for n, v in methods().items()}, {n: keys_of("flatness", v) for n, v in flatness().items()}
+    return {f"{mn}+{fn}": {"method": mk, "flatness": fk} for mn, mk in ms.items() for fn, fk in fs.items()}
+
+
 def pair_classes() -> dict[str, tuple[str, str, int]]:
     """Every row label -> (method class, flatness class, m-sharpness split) of what the row builds: how the cost
     estimates (flatbnn/reproduce/cost.py) match a measured row to a run config. m as a run config gives it: the

@@ -197,6 +197,27 @@ def work_key(cfg: dict) -> tuple:
             str((cfg.get("trainer") or {}).get("precision", "fp32")))
 
 
+def parts_path(cfg: dict, device: str) -> str:
+    """How a step with m-sharpness parts (m > 1) runs them on ``device`` (a slug): "batched" or "loop"; "" for m = 1.
+    A method that perturbs the weights itself (bSAM, VOGN) says it (``batched_parts``; auto: batched on a GPU, on a
+    CPU where its class measured faster batched, methods/diag_gaussian.batched_by_default), a flatness variant by
+    ``batched_chunks``. The two paths of one pair differ up to 3.6x (SAM m = 8 on the MNIST MLP, one CPU thread:
+    78 vs 22 ms), so a benchmark row prices only the runs that take its path."""
+    method, flat = cfg.get("method") or {}, cfg.get("flatness") or {}
+    if int(flat.get("m") or method.get("m") or 1) <= 1:
+        return ""
+    if "batched_parts" in method:
+        want = method["batched_parts"]
+        if str(want) == "auto":
+            from hydra.utils import get_class
+            try:
+                want = device != "cpu" or bool(getattr(get_class(str(method.get("_target_"))), "batched_on_cpu", False))
+            except Exception:  # noqa: BLE001 - a class that no longer imports: its runs' path is unknown, say loop
+                want = False
+        return "batched" if want is True or str(want).lower() == "true" else "loop"
+    return "batched" if flat.get("batched_chunks") in (True, "true", "True") else "loop"
+
+
 @dataclass(frozen=True)
 class Rate:
     images_per_s: float
@@ -204,16 +225,17 @@ class Rate:
     measured: bool
 
 
-def _bench_pairs() -> dict[str, tuple[str, str, int]]:
-    """scripts/benchmark.py's row labels -> (method class, flatness class, m): what each row builds
-    (flatbnn/bench/variants.py, read from configs/)."""
+def _bench_pairs() -> dict[str, tuple[tuple[str, str, int], dict]]:
+    """scripts/benchmark.py's row labels -> ((method class, flatness class, m), {"method": keys, "flatness": keys}):
+    what each row builds (flatbnn/bench/variants.py, read from configs/)."""
     from flatbnn.bench import variants
 
-    return variants.pair_classes()
+    keys = variants.pair_keys()
+    return {label: (cls, keys[label]) for label, cls in variants.pair_classes().items()}
 
 
 def measured_rates(bench_dir: Path | None = None, records_root: Path | None = None) -> dict[tuple, list[Rate]]:
-    """{(device slug, work key): [Rate, ...]} from every benchmark file and every finished run's record."""
+    """{(device slug, work key, parts path): [Rate, ...]} from every benchmark file and every finished run's record."""
     return _measured_rates(Path(bench_dir or BENCH_DIR), Path(records_root or RECORDS_ROOT))
 
 
@@ -237,7 +259,8 @@ def _measured_rates(bench_dir: Path, records_root: Path) -> dict[tuple, list[Rat
         for label, r in (b.get("rows") or {}).items():
             if r.get("kind") != "step" or label not in pairs or not r.get("images_per_s"):
                 continue
-            key = (slug, (net, *pairs[label], str(st.get("precision", "fp32"))))
+            cls, keys = pairs[label]
+            key = (slug, (net, *cls, str(st.get("precision", "fp32"))), parts_path(keys, slug))
             rate = Rate(float(r["images_per_s"]), f"measured: {f.relative_to(REPO) if f.is_relative_to(REPO) else f} "
                         f"{label} step, batch {st.get('batch_size')}", True)
             if key not in newest or str(b.get("date")) >= newest[key][0]:
@@ -255,7 +278,8 @@ def _measured_rates(bench_dir: Path, records_root: Path) -> dict[tuple, list[Rat
         if secs <= 0 or meta.get("evaluated_from"):
             continue
         hw = meta.get("hardware") or {}
-        key = (device_slug(hw.get("gpu") if hw.get("device") == "cuda" else "cpu"), work_key(cfg))
+        slug = device_slug(hw.get("gpu") if hw.get("device") == "cuda" else "cpu")
+        key = (slug, work_key(cfg), parts_path(cfg, slug))
         # a run that finished before the newest benchmark of its step on its device is superseded by it: the step
         # may have been made faster since (VOGN's 607 -> 88 ms a step on the MNIST MLP), and a stale whole-run rate
         # would price today's cells at yesterday's code; runs after it join its median
@@ -276,7 +300,7 @@ def _cores(hw: dict) -> str:
 def rate_for(cfg: dict, device: str) -> Rate:
     """The measured training throughput of run config ``cfg`` on ``device`` (a slug): the median of the matching
     measurements (CostError if none: then ``estimate`` assumes a FLOP rate)."""
-    found = measured_rates().get((device, work_key(cfg)))
+    found = measured_rates().get((device, work_key(cfg), parts_path(cfg, device)))
     if not found:
         raise CostError(f"no measured throughput on {device} for {work_key(cfg)}")
     bases = sorted({r.basis for r in found})
@@ -302,7 +326,7 @@ def estimate(cfg, device: str) -> Estimate:
     from omegaconf import OmegaConf
 
     plain = OmegaConf.to_container(cfg, resolve=False)
-    found = measured_rates().get((device, work_key(plain)))
+    found = measured_rates().get((device, work_key(plain), parts_path(plain, device)))
     n_train, n_test = split_sizes(cfg.dataset)
     members = int(cfg.method.get("num_members") or 1)
     if found:

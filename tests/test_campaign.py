@@ -219,6 +219,16 @@ def test_a_benchmark_row_prices_only_the_runs_that_take_its_path_of_the_m_parts(
         [r] = rates[(device, cost.work_key(cfg), cost.parts_path(cfg, device))]
         return r.images_per_s
 
+    lenet = {"model": {**yaml.safe_load((cost.CONFIGS_DIR / "model" / "lenet5.yaml").read_text()), "variant": "bsam"},
+             "dataset": {"input_shape": [1, 28, 28]}, "trainer": {"precision": "fp32"},
+             "method": {"_target_": "flatbnn.methods.MAP"}, "flatness": {"_target_": "flatbnn.flatness.NoFlatness"}}
+    (bench / "cpu-2026-11-29.json").write_text(json.dumps({   # a model keyword benchmarked (--set variant=bsam)
+        "date": "2026-11-29T01:27:47+00:00", "device": {"type": "cpu", "slug": "cpu"},
+        "settings": {"model": "lenet5", "model_overrides": {"variant": "bsam"}, "input_shape": [1, 28, 28],
+                     "precision": "fp32", "batch_size": 200}, "rows": {"map+none": {"kind": "step", "images_per_s": 2900.0}}}))
+    cost._measured_rates.cache_clear()
+    rates = cost.measured_rates(bench, tmp_path / "none")
+    assert [r.images_per_s for r in rates[("cpu", cost.work_key(lenet), "")]] == [2900.0]
     sam = {"_target_": "flatbnn.flatness.SAM", "m": 8}
     assert rate("cpu", {"_target_": "flatbnn.methods.MAP"}, sam) == 100.0
     assert rate("cpu", {"_target_": "flatbnn.methods.MAP"}, {**sam, "batched_chunks": True}) == 400.0

@@ -254,7 +254,9 @@ def _measured_rates(bench_dir: Path, records_root: Path) -> dict[tuple, list[Rat
         model_file = CONFIGS_DIR / "model" / f"{st.get('model')}.yaml"
         if not model_file.is_file() or (b.get("device") or {}).get("type") != "cuda" and st.get("smoke"):
             continue
-        net = _network(yaml.safe_load(model_file.read_text()) or {}, st.get("input_shape"))
+        # the model as benchmarked: its option's keys with the run's --set keywords (LeNet-5's variant=bsam)
+        net = _network({**(yaml.safe_load(model_file.read_text()) or {}), **(st.get("model_overrides") or {})},
+                       st.get("input_shape"))
         slug = (b.get("device") or {}).get("slug") or "cpu"
         for label, r in (b.get("rows") or {}).items():
             if r.get("kind") != "step" or label not in pairs or not r.get("images_per_s"):

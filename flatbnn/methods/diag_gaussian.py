@@ -44,8 +44,9 @@ def batched_by_default(device: torch.device, batched_on_cpu: bool = False) -> bo
     Why, measured (issue 52): on a GPU the small nets' step is bound by kernel launches, and the batched step launches
     several times fewer (tests/test_kernel_counts.py); on one CPU thread the loop is faster for bSAM (and SAM's
     batched chunks), the batched parts for VOGN on the MNIST MLP (the loop and batched rows side by side:
-    results/bench/loaded-cpu/cpu-2026-11-28-mnist-mlp-b200.md; on LeNet-5 batched was 5-8 % faster for all three, within
-    that loaded machine's noise)."""
+    results/bench/loaded-cpu/cpu-2026-11-28-mnist-mlp-b200.md; on the classic LeNet-5 at 3x32x32 batched was 5-8 %
+    faster for all three, within that loaded machine's noise, but on the bSAM LeNet-5 at 1x28x28, quiet, VOGN's loop
+    was 27 % faster: results/bench/cpu-2026-11-29-fashion_mnist-lenet5bsam-b200.md, which bsam_t6 sets per cell)."""
     return device.type == "cuda" or batched_on_cpu
 
 

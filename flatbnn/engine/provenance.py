@@ -25,15 +25,22 @@ def git_commit(untracked: bool = False) -> dict:
     committed must say so). Outside a git checkout -- an installed wheel, code copied to a cluster or a GPU box
     without its history -- the commit is the one the wheel was built from (recorded at build time), else
     ``$FLATBNN_COMMIT`` if set (whoever copies the code names the commit), else ``"unknown"``; an empty
-    `git status` there must not read as "clean", so ``dirty`` is what the build recorded, or None (unknown)."""
+    `git status` there must not read as "clean", so ``dirty`` is what the build recorded, or None (unknown).
+
+    A checkout that is dirty at a HEAD other than a named ``$FLATBNN_COMMIT`` carries a .git that is not its tree's
+    history -- the GPU device's copy of the working tree comes with the session's first commit, so window 6's records
+    said "427456b2+dirty" for code at 822dc4a (.device/COMMIT, which the window names): the named commit wins there,
+    dirty unknown. A clean checkout is its HEAD's code whatever is named."""
+    named = os.environ.get("FLATBNN_COMMIT", "").strip()
     if REPO_DIR is not None:
         state = build_info.git_state(REPO_DIR, untracked)
         if state is not None:
+            if named and state["dirty"] and not state["commit"].startswith(named):
+                return {"commit": named, "dirty": None}
             return state
     built = build_info.read()
     if built is not None and built["commit"] != "unknown":
         return built
-    named = os.environ.get("FLATBNN_COMMIT", "").strip()
     return {"commit": named or "unknown", "dirty": None}
 
 

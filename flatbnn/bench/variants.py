@@ -138,20 +138,15 @@ def default_pairs(configs_dir: Path | None = None) -> list[str]:
 def pair_keys() -> dict[str, dict]:
     """Every row label -> ``{"method": keys, "flatness": keys}``: the constructor keys each side is built with (a run
     config's shape, for the cost estimates' matching: which path the row's m parts take, say)."""
-    ms, fs = {n: keys_of("method", v) for n, v in methods().items()}, {n: keys_of("flatness", v) for n, v in flatness().items()}
+    ms = {n: keys_of("method", v) for n, v in methods().items()}
+    fs = {n: keys_of("flatness", v) for n, v in flatness().items()}
     return {f"{mn}+{fn}": {"method": mk, "flatness": fk} for mn, mk in ms.items() for fn, fk in fs.items()}
 
 
+@functools.cache
 def pair_classes() -> dict[str, tuple[str, str, int]]:
     """Every row label -> (method class, flatness class, m-sharpness split) of what the row builds: how the cost
     estimates (flatbnn/reproduce/cost.py) match a measured row to a run config. m as a run config gives it: the
     flatness option's, else the method's own (bsam's 8), else 1."""
-    out = {}
-    for mname, mvar in methods().items():
-        mkeys = keys_of("method", mvar)
-        for fname, fvar in flatness().items():
-            fkeys = keys_of("flatness", fvar)
-            m = fkeys.get("m") or mkeys.get("m") or 1
-            out[f"{mname}+{fname}"] = (mkeys["_target_"].rsplit(".", 1)[-1], fkeys["_target_"].rsplit(".", 1)[-1],
-                                       int(m))
-    return out
+    return {label: (k["method"]["_target_"].rsplit(".", 1)[-1], k["flatness"]["_target_"].rsplit(".", 1)[-1],
+                    int(k["flatness"].get("m") or k["method"].get("m") or 1)) for label, k in pair_keys().items()}

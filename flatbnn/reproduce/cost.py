@@ -208,12 +208,16 @@ def parts_path(cfg: dict, device: str) -> str:
         return ""
     if "batched_parts" in method:
         want = method["batched_parts"]
-        if str(want) == "auto":
+        if str(want) == "auto":  # the methods' own rule, on the device the slug names
+            import torch
             from hydra.utils import get_class
+
+            from flatbnn.methods.diag_gaussian import batched_by_default
             try:
-                want = device != "cpu" or bool(getattr(get_class(str(method.get("_target_"))), "batched_on_cpu", False))
+                on_cpu = bool(getattr(get_class(str(method.get("_target_"))), "batched_on_cpu", False))
             except Exception:  # noqa: BLE001 - a class that no longer imports: its runs' path is unknown, say loop
-                want = False
+                on_cpu = False
+            want = batched_by_default(torch.device("cpu" if device == "cpu" else "cuda"), on_cpu)
         return "batched" if want is True or str(want).lower() == "true" else "loop"
     return "batched" if flat.get("batched_chunks") in (True, "true", "True") else "loop"
 

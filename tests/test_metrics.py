@@ -276,6 +276,28 @@ def test_auroc_matches_torchmetrics_and_sklearn_with_ties():
     assert auroc(scores, labels.bool()) == pytest.approx(a)
 
 
+def test_auroc_and_ap_match_torchmetrics_and_sklearn_on_many_random_cases():
+    """The exact rank statistics against the field's two implementations: sizes 2-300, class balance from one positive
+    to one negative, few distinct scores (heavy ties) to all distinct, integer and float scores."""
+    from sklearn.metrics import average_precision_score, roc_auc_score
+    from torchmetrics.functional.classification import binary_auroc, binary_average_precision
+
+    g = torch.Generator().manual_seed(7)
+    for case in range(60):
+        n = int(torch.randint(2, 300, (1,), generator=g))
+        labels = (torch.rand(n, generator=g) < float(torch.rand(1, generator=g))).long()
+        labels[0], labels[-1] = 1, 0  # both classes
+        levels = [2, 5, 50, 10**6][case % 4]
+        # integer levels shifted up for positives (by a fifth of the range), then scaled: exact ties across classes
+        scores = (torch.randint(0, levels, (n,), generator=g) + labels * max(1, levels // 5)).double() / levels
+        ref_auc, ref_ap = roc_auc_score(labels.numpy(), scores.numpy()), average_precision_score(labels.numpy(), scores.numpy())
+        assert auroc(scores, labels) == pytest.approx(ref_auc, abs=1e-12), case
+        assert aupr(scores, labels) == pytest.approx(ref_ap, abs=1e-12), case
+        s01 = scores / scores.max()  # torchmetrics reads scores in [0, 1] as probabilities
+        assert auroc(s01, labels) == pytest.approx(binary_auroc(s01, labels).item(), abs=1e-6), case
+        assert aupr(s01, labels) == pytest.approx(binary_average_precision(s01, labels).item(), abs=1e-6), case
+
+
 def test_auroc_thresholds_bsam_convention():
     scores = torch.tensor([0.1, 0.4, 0.35, 0.8])
     labels = torch.tensor([0, 0, 1, 1])

@@ -387,9 +387,7 @@ def auroc(scores: Tensor, labels: Tensor) -> float:
     tp, fp, _ = _roc_counts(scores, labels)
     zero = tp.new_zeros(1)
     tp, fp = torch.cat([zero, tp]).to(torch.float64), torch.cat([zero, fp]).to(torch.float64)
-    # sum of trapezoids in counts, divided once: n_pos * n_neg * AUROC = sum (fp_k - fp_k-1)(tp_k + tp_k-1) / 2
-    area = ((fp[1:] - fp[:-1]) * (tp[1:] + tp[:-1])).sum() / 2
-    return float(area / (tp[-1] * fp[-1]))
+    return float(torch.trapezoid(tp, fp) / (tp[-1] * fp[-1]))  # the area in counts, divided once by n_pos * n_neg
 
 
 def aupr(scores: Tensor, labels: Tensor) -> float:
@@ -405,7 +403,7 @@ def aupr(scores: Tensor, labels: Tensor) -> float:
         return float("nan")
     tp, fp, _ = _roc_counts(scores, labels)
     tp, fp = tp.to(torch.float64), fp.to(torch.float64)
-    gained = tp - torch.cat([tp.new_zeros(1), tp[:-1]])  # positives gained at each threshold (R_k - R_k-1) * n_pos
+    gained = torch.diff(tp, prepend=tp.new_zeros(1))  # positives gained at each threshold: (R_k - R_k-1) * n_pos
     return float((gained * tp / (tp + fp)).sum() / tp[-1])
 
 

@@ -195,7 +195,7 @@ class OldBSAM(BSAM):
                     self._assign(params, mean if noise is None else torch._foreach_add(mean, noise))
                 self._record = True
                 loss, g = self._grad(params, chunk, backprop, first and self.bn_stats in ("first", "both"))
-                ascent, curv = opt.ascent(g), opt.curvature(g)
+                ascent, curv = old_bsam_ascent(opt, g), old_bsam_curvature(opt, g)
                 if backprop.scaler is not None and not all(torch.isfinite(a).all() for a in ascent):
                     ascent = [torch.zeros_like(a) for a in ascent]
                 with torch.no_grad():
@@ -216,6 +216,23 @@ class OldBSAM(BSAM):
         if self.scheduler is not None:
             self.scheduler.step()
         return {"loss": loss_sum}
+
+
+@torch.no_grad()
+def old_bsam_ascent(opt, grads):
+    """BSAMOptimizer.ascent before the per-step scales: rho * g / s, the official code's order."""
+    rho_g = torch._foreach_mul(list(grads), [group["rho"] for _, group in opt._groups()])
+    return torch._foreach_div(rho_g, opt.precisions())
+
+
+@torch.no_grad()
+def old_bsam_curvature(opt, grads):
+    """BSAMOptimizer.curvature before sqrt(s) was taken once a step: sqrt(s * g * g) per part."""
+    grads = list(grads)
+    sg = torch._foreach_mul(opt.precisions(), grads)
+    torch._foreach_mul_(sg, grads)
+    torch._foreach_sqrt_(sg)
+    return sg
 
 
 @torch.no_grad()

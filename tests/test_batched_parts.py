@@ -72,6 +72,6 @@ def test_batched_parts_refusals_in_one_line_and_auto_takes_the_loop(capsys):
     method.setup(ctx(bn))
     batch = (torch.randn(4, 4), torch.tensor([0, 1, 2, 0]))
     method.ctx.device = torch.device("cuda")  # the rule's device (nothing runs on it: the refusal comes first)
-    assert not method.use_batched(batch, 2, Backprop(bn, CPU))
-    assert not method.use_batched(batch, 2, Backprop(bn, CPU))
+    assert method.parts_path(batch, 2, Backprop(bn, CPU)) == "loop"
+    assert method.parts_path(batch, 2, Backprop(bn, CPU)) == "loop"
     assert capsys.readouterr().err.count("batched_parts=auto): BatchNorm") == 1

@@ -439,7 +439,7 @@ def cpu_step_overrides(cfg) -> list[str]:
     from torch import nn
 
     from flatbnn.engine.validate import refusal_of_config
-    from flatbnn.flatness.low_rank import linear_layers
+    from flatbnn.nn.parts_linear import linear_layers
 
     flat = cfg.get("flatness") or {}
     if _cls(flat) != "SAM" or int(flat.get("m", 1) or 1) <= 1 or "batched_chunks" not in flat \

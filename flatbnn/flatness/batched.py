@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
-from flatbnn.flatness.low_rank import leave_step, linear_layers, low_rank_sam_gradient
+from flatbnn.flatness.low_rank import leave_step, low_rank_sam_gradient
+from flatbnn.nn.parts_linear import linear_layers
 
 
 def config_refusal(*, flatness_name: str, plain_sam: bool, method_name: str, plain_loss: bool, m: int,

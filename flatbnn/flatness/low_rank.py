@@ -26,25 +26,6 @@ import torch
 from torch import nn
 
 
-def linear_layers(module: nn.Module, params) -> list[nn.Linear] | None:
-    """The ``nn.Linear`` layers that hold ``params`` -- every weight and bias of each exactly -- or None where any of
-    ``params`` is not a Linear's, or a Linear holds only part of its parameters in ``params`` (those cases take the
-    vmap path)."""
-    ids = {id(p) for p in params}
-    layers, covered = [], set()
-    for mod in module.modules():
-        if type(mod) is not nn.Linear:
-            continue
-        own = [mod.weight] + ([] if mod.bias is None else [mod.bias])
-        inside = [id(p) in ids for p in own]
-        if any(inside) and not all(inside):
-            return None
-        if all(inside):
-            layers.append(mod)
-            covered.update(id(p) for p in own)
-    return layers if layers and covered == ids else None
-
-
 class _Taps:
     """Forward hooks on the layers: ``record`` keeps each layer's input (detached) and output (for its gradient) and
     counts the calls; ``moved`` adds the chunk's low-rank perturbation term to each output."""

@@ -18,7 +18,9 @@ so g, the ascent rho * g / s and h are all taken at the mean; the update and the
 
 g_p and h are averaged over the parts (weighted by part size: the plain mean for equal parts, as
 the official code's reshape requires) and, under DDP, over ranks. The parts run one after another (2m passes) or
-batched (``batched_parts``: two ``vmap``-ed passes over all parts; flatbnn/methods/diag_gaussian.py), the same step up
+batched (``batched_parts``; flatbnn/methods/diag_gaussian.py): on a network whose parameters are all Linear's (the MNIST
+MLP) two passes over the whole batch, each Linear a per-part product (flatbnn/nn/parts_linear.py: the first pass forms
+each part's gradient, the second only their sum), elsewhere two ``vmap``-ed passes over the parts -- the same step up
 to the order of float sums; then (``BSAMOptimizer.step``)
 
     m <- beta1 m + (1 - beta1)(g_p + delta w);  w <- w - alpha lr_factor m / s (old s);
@@ -52,7 +54,8 @@ import torch
 from flatbnn.flatness.base import split_batch
 from flatbnn.flatness.sam import all_finite
 from flatbnn.methods.diag_gaussian import DiagonalGaussianMethod, batch_size
-from flatbnn.methods.param_vector import unflatten
+from flatbnn.methods.param_vector import flatten, unflatten
+from flatbnn.nn.parts_linear import layer_views, param_views, parts_weights, phantom
 from flatbnn.optim.bsam import BSAMOptimizer
 
 BN_POLICIES = ("both", "first", "second", "none")
@@ -112,10 +115,16 @@ class BSAM(DiagonalGaussianMethod):
         # this process's share of the m parts; a short last batch (drop_last=False) gets as many as it has examples
         chunks = split_batch(batch, min(self.m // self.world_size, batch_size(batch)))
         # Alg. 1 line 3 for every part at once: one draw [parts, P] (row k: part k's noise)
-        noise = self.noise_parts(len(chunks), params) if self.noise else None
-        if self.use_batched(batch, len(chunks), backprop):
+        path = self.parts_path(batch, len(chunks), backprop)
+        if path == "linear":  # noise and mean in one multiply-add: the rows are each part's noisy weights
+            points = (self.noise_parts(len(chunks), params, flatten(params)) if self.noise
+                      else self.parts_buffer(len(chunks), params).copy_(flatten(params)))
+            g_p, h, loss_sum = self._linear_parts(self._linear, params, batch, len(chunks), points)
+        elif path == "vmap":
+            noise = self.noise_parts(len(chunks), params) if self.noise else None
             g_p, h, loss_sum = self._batched_parts(params, batch, len(chunks), noise, backprop)
         else:
+            noise = self.noise_parts(len(chunks), params) if self.noise else None
             g_p, h, loss_sum = self._loop_parts(params, chunks, noise, backprop)
         g_p = self._all_reduce(g_p)
         h = self._all_reduce(h)
@@ -166,6 +175,43 @@ class BSAM(DiagonalGaussianMethod):
         finally:
             self._assign(params, mean)
         return g_p, opt.curvature_from_abs(abs_g), loss_sum
+
+    def _linear_parts(self, layers, params, batch, parts: int, points):
+        """(g_p, h, loss) of all parts where every parameter is a Linear's (flatbnn/nn/parts_linear.py): one forward and
+        one backward per pass over the whole batch, part k's rows at part k's weights (``points`` [parts, P], the
+        noisy weights, overwritten with the ascent points); the first pass forms each part's gradient (the ascent and
+        |g| need them), the second only their sum -- the loop's arithmetic, the sums over parts in another order."""
+        opt = self.optimizer
+        x, y = batch
+        rows = x.shape[0]
+        at_layer = {id(t): i for i, t in enumerate(t for mod in layers for t in (mod.weight, mod.bias) if t is not None)}
+
+        def in_params(tensors):  # the layers' order -> the parameters' order
+            return [tensors[at_layer[id(p)]] for p in params]
+
+        def losses_at(weights, sums=None):
+            with torch.enable_grad(), parts_weights(layers, parts, rows, weights, sums):
+                logits = self.module(x)
+                return logits, self.parts_losses(logits.view(parts, -1, *logits.shape[1:]),
+                                                 y.view(parts, -1, *y.shape[1:]))
+
+        leaves = [tuple(None if t is None else t.detach().requires_grad_(True) for t in pair)
+                  for pair in layer_views(points, params, layers)]
+        logits, losses = losses_at(leaves)
+        g = in_params(torch.autograd.grad(losses.sum(), [t for pair in leaves for t in pair if t is not None]))
+        with torch.no_grad():
+            self.count_correct(logits.detach(), y)  # train accuracy at the noisy weights, every part
+            self._seen += y.numel()
+            at = param_views(points, params)
+            for p, gk, ros, out in zip(params, g, opt.ascent_scales(), at):
+                torch.addcmul(p.detach(), gk, ros, out=out)  # w + rho * g_k / s: the second pass's weights
+            abs_g = [gk.abs_().sum(0).mul_(1.0 / parts) for gk in g]  # mean |g_k| over parts; h = sqrt(s) * it
+        sums = [(phantom(mod.weight), None if mod.bias is None else phantom(mod.bias)) for mod in layers]
+        _, losses2 = losses_at(layer_views(points, params, layers), sums)
+        gp = in_params(torch.autograd.grad(losses2.sum(), [t for pair in sums for t in pair if t is not None]))
+        with torch.no_grad():
+            g_p = torch._foreach_mul(gp, 1.0 / parts)
+        return g_p, opt.curvature_from_abs(abs_g), losses.detach().float().mean()
 
     def batched_refusal(self, precision_fp16: bool = False) -> str | None:
         if len(self.optimizer.param_groups) > 1:

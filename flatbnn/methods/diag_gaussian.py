@@ -30,6 +30,7 @@ from flatbnn import runlog
 from flatbnn.flatness.batched import parts_forward, parts_losses
 from flatbnn.methods.base import Method
 from flatbnn.methods.param_vector import flatten, unflatten
+from flatbnn.nn.parts_linear import row_linear_layers
 
 BATCHED_PARTS = ("auto", True, False)
 
@@ -39,15 +40,17 @@ def batch_size(batch) -> int:
     return int(first.shape[0])
 
 
-def batched_by_default(device: torch.device, batched_on_cpu: bool = False) -> bool:
-    """``batched_parts=auto``: batched on a GPU; on a CPU where the method measured faster batched (``batched_on_cpu``).
+def batched_by_default(device: torch.device, batched_on_cpu: bool = False, linear_only: bool = False) -> bool:
+    """``batched_parts=auto``: batched on a GPU; on a CPU where the method measured faster batched (``batched_on_cpu``)
+    or every parameter is a Linear's (``linear_only``: the parts-Linear path, flatbnn/nn/parts_linear.py).
     Why, measured (issue 52): on a GPU the small nets' step is bound by kernel launches, and the batched step launches
-    several times fewer (tests/test_kernel_counts.py); on one CPU thread the loop is faster for bSAM (and SAM's
-    batched chunks), the batched parts for VOGN on the MNIST MLP (the loop and batched rows side by side:
-    results/bench/loaded-cpu/cpu-2026-11-28-mnist-mlp-b200.md; on the classic LeNet-5 at 3x32x32 batched was 5-8 %
-    faster for all three, within that loaded machine's noise, but on the bSAM LeNet-5 at 1x28x28, quiet, VOGN's loop
-    was 27 % faster: results/bench/cpu-2026-11-29-fashion_mnist-lenet5bsam-b200.md, which bsam_t6 sets per cell)."""
-    return device.type == "cuda" or batched_on_cpu
+    several times fewer (tests/test_kernel_counts.py); on one CPU thread the vmap path is slower than the loop for bSAM
+    (and SAM's batched chunks), faster for VOGN on the MNIST MLP (results/bench/loaded-cpu/cpu-2026-11-28-mnist-mlp-b200.md;
+    on the classic LeNet-5 at 3x32x32 batched was 5-8 % faster for all three, within that loaded machine's noise, but
+    on the bSAM LeNet-5 at 1x28x28, quiet, VOGN's loop was 27 % faster:
+    results/bench/cpu-2026-11-29-fashion_mnist-lenet5bsam-b200.md, which bsam_t6 sets per cell); the parts-Linear path
+    is faster than the loop for both on the MLP (results/bench/cpu-2026-11-29-mnist-mlp-b200-partslinear.md)."""
+    return device.type == "cuda" or batched_on_cpu or linear_only
 
 
 class DiagonalGaussianMethod(Method):
@@ -75,6 +78,7 @@ class DiagonalGaussianMethod(Method):
         self.batched_parts = batched_parts
         self._noise_buffer: torch.Tensor | None = None
         self._told: set[str] = set()
+        self._linear: list[nn.Linear] | None | bool = False  # parts_linear_layers(): False = not decided yet
 
     # ---------------------------------------------------------------- update
     def apply_update(self, params, grads, curvature, backprop) -> None:
@@ -125,21 +129,29 @@ class DiagonalGaussianMethod(Method):
             if why is not None:
                 raise ValueError(f"method.batched_parts=true: {why}; use method.batched_parts=false or auto")
 
-    def use_batched(self, batch, parts: int, backprop) -> bool:
-        """Whether this step's ``parts`` run batched: ``batched_parts`` (auto: :func:`batched_by_default`), where
-        possible; a batch that ``parts`` does not divide (the short last one) takes the loop, its exact step."""
+    def parts_path(self, batch, parts: int, backprop) -> str:
+        """How this step's ``parts`` run: "loop" (one after another), "linear" (one forward and one backward, each
+        Linear a batched product per part: flatbnn/nn/parts_linear.py) or "vmap" (``torch.func.vmap`` over the parts).
+        ``batched_parts`` decides (auto: :func:`batched_by_default`) where possible; a batch that ``parts`` does not
+        divide (the short last one) takes the loop, its exact step. Said once in train.log."""
         if parts <= 1 or batch_size(batch) % parts:
-            return False
-        want = (batched_by_default(self.ctx.device, self.batched_on_cpu) if self.batched_parts == "auto"
-                else self.batched_parts)
+            return "loop"
+        linear = (self.parts_linear_layers(self.parameters(), backprop, batch[0]) if self.batched_parts is not False
+                  else None)
+        want = (batched_by_default(self.ctx.device, self.batched_on_cpu, linear is not None)
+                if self.batched_parts == "auto" else self.batched_parts)
         if not want:
-            return False
+            return "loop"
         self.check_batched(backprop.scaler is not None)
         why = self.batched_refusal(backprop.scaler is not None)
         if why is not None:
             self.note_once(f"method={self.name}: the m parts run one after another (batched_parts=auto): {why}")
-            return False
-        return True
+            return "loop"
+        path = "vmap" if linear is None else "linear"
+        self.note_once(f"method={self.name}: the m parts run batched: " + (
+            "torch.func.vmap over the parts" if linear is None else
+            "one forward and one backward over the whole batch, each Linear a batched product per part"))
+        return path
 
     def note_once(self, line: str) -> None:
         """``line`` in the run's train.log (and stderr), once per run."""
@@ -147,14 +159,30 @@ class DiagonalGaussianMethod(Method):
             self._told.add(line)
             runlog.note(line)
 
-    def noise_parts(self, parts: int, params: list[torch.Tensor]) -> torch.Tensor:
-        """[parts, P] posterior noise std * n for this step's parts (``PrecisionOptimizer.sample_noise_parts``: one
-        draw over all of ``params``) in a buffer allocated once (a captured graph needs fixed addresses)."""
+    def parts_buffer(self, parts: int, params: list[torch.Tensor]) -> torch.Tensor:
+        """A [parts, P] buffer allocated once (a captured graph needs fixed addresses)."""
         shape = (parts, sum(p.numel() for p in params))
         buf, like = self._noise_buffer, params[0]
         if buf is None or buf.shape != shape or buf.dtype != like.dtype or buf.device != like.device:
             buf = self._noise_buffer = torch.empty(shape, dtype=like.dtype, device=like.device)
-        return self.optimizer.sample_noise_parts(self.generator, buf)
+        return buf
+
+    def noise_parts(self, parts: int, params: list[torch.Tensor], mean: torch.Tensor | None = None) -> torch.Tensor:
+        """[parts, P] posterior noise std * n for this step's parts (``PrecisionOptimizer.sample_noise_parts``: one
+        draw over all of ``params``), or with ``mean`` ([P]) each part's noisy weights mean + std * n (the same draw,
+        one multiply-add instead of two passes), in :meth:`parts_buffer`."""
+        return self.optimizer.sample_noise_parts(self.generator, self.parts_buffer(parts, params), mean)
+
+    def parts_linear_layers(self, params: list[torch.Tensor], backprop, x: torch.Tensor) -> list[nn.Linear] | None:
+        """The ``nn.Linear`` layers holding every one of ``params`` where the batched parts can run as one forward and
+        one backward with a batched product per layer (flatbnn/nn/parts_linear.py: the MNIST MLP), else None. Decided
+        at the first step: each layer must run once per forward on [rows, features] (a probe forward of two examples
+        in eval mode); fp32 / fp64 only (no autocast)."""
+        if backprop.dtype is not None:
+            return None
+        if self._linear is False:
+            self._linear = row_linear_layers(self.module, params, x)
+        return self._linear
 
     def parts_forward(self, names: list[str], weights: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """Logits of every part at its own weights (flatbnn/flatness/batched.py: ``parts_forward``)."""

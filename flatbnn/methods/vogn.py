@@ -18,7 +18,9 @@ per-example gradients from ``torch.func`` (functional_call + vmap + grad, w.r.t.
 train.log names them once. ``per_example`` takes every parameter's per-example gradients that way: the reference,
 equal to ``layers`` up to float rounding (tests/test_vogn.py), and what a bf16 step uses (the layer rules are fp32).
 The m parts run one after another or batched (``batched_parts``; flatbnn/methods/diag_gaussian.py): the same values
-up to the order of float sums. The loss must be a mean of per-example terms (cross-entropy, or a ``criterion`` that
+up to the order of float sums. Batched, a network whose parameters are all Linear's (the MNIST MLP) takes one forward
+and one backward over the whole batch with a per-part product per layer, and g, h summed over all rows at once
+(flatbnn/nn/parts_linear.py); other networks a vmap over the parts. The loss must be a mean of per-example terms (cross-entropy, or a ``criterion`` that
 is one): the layer rules scale by the part size.
 
 g_hat and h_hat are averaged over parts (by part size) and, under DDP, all-reduced over ranks; then
@@ -51,6 +53,7 @@ from torch.func import functional_call, grad, vmap
 
 from flatbnn.flatness.base import split_batch
 from flatbnn.methods.diag_gaussian import DiagonalGaussianMethod, batch_size
+from flatbnn.nn.parts_linear import layer_views, parts_weights, phantom
 from flatbnn.nn.sum_grad_squared import count_calls, tap_plan, tapped
 from flatbnn.optim.vogn import VOGNOptimizer
 
@@ -59,8 +62,8 @@ SUM_GRAD_SQUARED = ("layers", "per_example")
 
 class VOGN(DiagonalGaussianMethod):
     name = "vogn"
-    # one thread, MNIST MLP b200, m = 8, one process: batched 435 ms vs the loop 518 ms (loaded machine; bSAM's batched
-    # parts measured slower than its loop, 1181 vs 866 ms): results/bench/loaded-cpu/cpu-2026-11-28-mnist-mlp-b200.md
+    # one thread, MNIST MLP b200, m = 8, one process: vmap-batched 435 ms vs the loop 518 ms (loaded machine; bSAM's
+    # vmap parts measured slower than its loop, 1181 vs 866 ms): results/bench/loaded-cpu/cpu-2026-11-28-mnist-mlp-b200.md
     batched_on_cpu = True
 
     def __init__(self, lr: float = 1e-2, beta1: float = 0.9, beta2: float = 0.999, m: int = 1,
@@ -175,6 +178,25 @@ class VOGN(DiagonalGaussianMethod):
                 h.update({n: pe[n].square().mean(0) for n in other})
         return g, [h[n].to(p.dtype) for n, p in zip(names, params)], losses.detach(), logits.detach()
 
+    def _linear_statistics(self, layers, params, noisy, batch, parts: int):
+        """(g, h, losses, logits) of all parts in one forward and one backward where every parameter is a Linear's
+        (flatbnn/nn/parts_linear.py): g summed over the parts and h = sum_i (d_i a_i^T)^2 over every part's rows -- what
+        ``_part_statistics(batched=True)`` gives, with no part's gradient formed (the products over all rows at once)."""
+        x, y = batch
+        sums = [(phantom(mod.weight), None if mod.bias is None else phantom(mod.bias)) for mod in layers]
+        squares = [(phantom(mod.weight), None if mod.bias is None else phantom(mod.bias)) for mod in layers]
+        with torch.enable_grad(), parts_weights(layers, parts, x.shape[0], layer_views(noisy, params, layers), sums,
+                                                squares):
+            logits = self.module(x)
+            losses = self.parts_losses(logits.view(parts, -1, *logits.shape[1:]), y.view(parts, -1, *y.shape[1:]))
+        owners = [t for mod in layers for t in (mod.weight, mod.bias) if t is not None]
+        flat_sums = [t for pair in sums for t in pair if t is not None]
+        flat_squares = [t for pair in squares for t in pair if t is not None]
+        grads = torch.autograd.grad(losses.sum(), flat_sums + flat_squares)
+        g = dict(zip(map(id, owners), grads[:len(owners)]))
+        h = dict(zip(map(id, owners), grads[len(owners):]))
+        return [g[id(p)] for p in params], [h[id(p)] for p in params], losses.detach(), logits.detach()
+
     def train_step(self, batch, flatness, backprop) -> dict:
         self.check_flatness(flatness)
         if backprop.scaler is not None:
@@ -192,9 +214,8 @@ class VOGN(DiagonalGaussianMethod):
                     else torch.autocast(backprop.device.type, enabled=False))
         tapped_names, other = self.plan(names, batch[0], autocast_on)
         tap = [n in tapped_names for n in names]
-        with torch.no_grad():
-            noisy = self.noise_parts(len(chunks), params)  # [parts, P]: std * n ...
-            noisy.add_(torch.cat([p.detach().reshape(-1) for p in params]))  # ... + mu: each part's weights, in place
+        with torch.no_grad():  # [parts, P]: mu + std * n, each part's weights
+            noisy = self.noise_parts(len(chunks), params, torch.cat([p.detach().reshape(-1) for p in params]))
         g_hat = [torch.zeros_like(p) for p in params]
         h_hat = [torch.zeros_like(p) for p in params]
 
@@ -205,7 +226,15 @@ class VOGN(DiagonalGaussianMethod):
                 if pick:
                     torch._foreach_add_([h_hat[i] for i in pick], [h[i] for i in pick], alpha=alpha)
 
-        if self.use_batched(batch, len(chunks), backprop):
+        path = self.parts_path(batch, len(chunks), backprop)
+        if path == "linear" and not other:
+            g, h, losses, logits = self._linear_statistics(self._linear, params, noisy, batch, parts)
+            with torch.no_grad():
+                accumulate(g, h, 1.0 / parts, batch_size(batch) // parts)
+                loss_sum = losses.float().mean()
+                self.count_correct(logits, batch[1])
+                self._seen += batch[1].numel()
+        elif path != "loop":
             x, y = batch
             xs, ys = x.reshape(parts, -1, *x.shape[1:]), y.reshape(parts, -1, *y.shape[1:])
             with autocast:

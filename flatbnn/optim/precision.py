@@ -100,15 +100,20 @@ class PrecisionOptimizer(PosteriorStateOptimizer):
         return out
 
     @torch.no_grad()
-    def sample_noise_parts(self, generator: torch.Generator | None, out: torch.Tensor) -> torch.Tensor:
+    def sample_noise_parts(self, generator: torch.Generator | None, out: torch.Tensor,
+                           mean: torch.Tensor | None = None) -> torch.Tensor:
         """Fill ``out`` ([parts, P], P = the parameters' total size) with std * n, n ~ N(0, I): ONE ``normal_`` over
         every part and parameter (row k: part k; columns: ``params()`` order, each tensor's elements in logical
         order), then one multiply by the flat std. One draw instead of one per tensor and part (issue 52: per-step
         kernel launches; on one CPU thread one 545k draw is 3.7 ms, m = 8 of them a third of bSAM's floor). The
-        random stream is not the per-tensor draws' of before issue 52: the same distribution, other numbers."""
+        random stream is not the per-tensor draws' of before issue 52: the same distribution, other numbers.
+        With ``mean`` ([P]): mean + std * n, the same draw, in one multiply-add (the batched parts' noisy weights)."""
         out.normal_(generator=generator)
-        out.mul_(torch.cat([s.reshape(-1) for s in self.posterior_std()]))
-        return out
+        std = torch.cat([s.reshape(-1) for s in self.posterior_std()])
+        if mean is None:
+            return out.mul_(std)
+        return torch.addcmul(mean, out, std, out=out)
+
     def summary(self) -> dict:
         """Posterior summary for results.json: mean precision s and mean posterior std."""
         n, s_sum, std_sum = 0, 0.0, 0.0

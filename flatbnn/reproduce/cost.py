@@ -84,6 +84,21 @@ def _network_flops(model_json: str, shape: tuple[int, ...]) -> int:
     return forward_flops(instantiate(OmegaConf.create(json.loads(model_json))), shape)
 
 
+@functools.cache
+def _linear_only(model_json: str, shape: tuple[int, ...]) -> bool:
+    """Whether every parameter of the network is a Linear's run once on rows (the parts-Linear path of bSAM / VOGN,
+    flatbnn/nn/parts_linear.py; ``batched_parts=auto`` takes it on a CPU)."""
+    import torch
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from flatbnn.nn.parts_linear import row_linear_layers
+
+    module = instantiate(OmegaConf.create(json.loads(model_json)))
+    params = [p for p in module.parameters() if p.requires_grad]
+    return row_linear_layers(module, params, torch.zeros(2, *shape)) is not None
+
+
 def _target_class(group_cfg) -> str:
     return str((group_cfg or {}).get("_target_", "")).rsplit(".", 1)[-1]
 
@@ -200,7 +215,8 @@ def work_key(cfg: dict) -> tuple:
 def parts_path(cfg: dict, device: str) -> str:
     """How a step with m-sharpness parts (m > 1) runs them on ``device`` (a slug): "batched" or "loop"; "" for m = 1.
     A method that perturbs the weights itself (bSAM, VOGN) says it (``batched_parts``; auto: batched on a GPU, on a
-    CPU where its class measured faster batched, methods/diag_gaussian.batched_by_default), a flatness variant by
+    CPU where its class measured faster batched or the network is Linear-only, methods/diag_gaussian.batched_by_default),
+    a flatness variant by
     ``batched_chunks``. The two paths of one pair differ up to 3.6x (SAM m = 8 on the MNIST MLP, one CPU thread:
     78 vs 22 ms), so a benchmark row prices only the runs that take its path."""
     method, flat = cfg.get("method") or {}, cfg.get("flatness") or {}
@@ -217,7 +233,12 @@ def parts_path(cfg: dict, device: str) -> str:
                 on_cpu = bool(getattr(get_class(str(method.get("_target_"))), "batched_on_cpu", False))
             except Exception:  # noqa: BLE001 - a class that no longer imports: its runs' path is unknown, say loop
                 on_cpu = False
-            want = batched_by_default(torch.device("cpu" if device == "cpu" else "cuda"), on_cpu)
+            try:
+                linear = _linear_only(json.dumps(cfg.get("model") or {}, sort_keys=True),
+                                      tuple(int(s) for s in _input_shape(cfg.get("dataset") or {})))
+            except Exception:  # noqa: BLE001 - a model that no longer builds: priced as not Linear-only
+                linear = False
+            want = batched_by_default(torch.device("cpu" if device == "cpu" else "cuda"), on_cpu, linear)
         return "batched" if want is True or str(want).lower() == "true" else "loop"
     return "batched" if flat.get("batched_chunks") in (True, "true", "True") else "loop"
 

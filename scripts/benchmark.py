@@ -20,7 +20,9 @@ this measures compute, not data loading.
 Floors (``--floors``): a hand-written eager SGD step of the same model (``floor:sgd``: forward, cross-entropy,
 backward, momentum SGD written out), one draw of the m parts' posterior noise (``floor:noise_m8``: one ``normal_``
 of [8, P] and its multiply, as bSAM / VOGN draw it), the 2 x 8 forward + backward passes of batch / 8 that an m = 8
-loop runs and nothing else (``floor:passes_m8``: the eager floor of the loops), a square GEMM (``floor:gemm``: the GEMM rate of this process),
+loop runs and nothing else (``floor:passes_m8``: the eager floor of the loops), bSAM m = 8's arithmetic on the batched
+parts-Linear path written out for Flatten / Linear / ReLU nets (``floor:parts_bsam_m8``: the noise, per-part products,
+ascent and |g|, no autograd and no update), a square GEMM (``floor:gemm``: the GEMM rate of this process),
 and the FLOP floor of an SGD step computed from it (forward FLOPs x 3 at that rate). ``cpu_targets`` then puts each
 m = 8 row beside its floor (issue 52: SAM <= 3 x SGD, bSAM <= 1.3 x (2 SGD + noise), VOGN <= 1.3 x (1.5 SGD + noise),
 SGD <= 4 x its FLOP floor), every number from this one process.
@@ -249,6 +251,10 @@ def build_floor(name: str, args, device):
                 for _ in range(2):
                     for xc, yc in zip(xs, ys):
                         F.cross_entropy(model(xc), yc).backward()
+        elif name == "floor:parts_bsam_m8":
+            step = _parts_bsam_floor(model, params, x, y, device)
+            if step is None:
+                return None
         elif name == "floor:noise_m8":
             noise = torch.empty(8, sum(p.numel() for p in params), device=device)
             std = torch.full((noise.shape[1],), 0.01, device=device)
@@ -261,7 +267,74 @@ def build_floor(name: str, args, device):
     return step
 
 
-FLOOR_ROWS = ("floor:sgd", "floor:passes_m8", "floor:noise_m8", "floor:gemm")
+def _parts_bsam_floor(model, params, x, y, device, m: int = 8):
+    """bSAM m = 8's arithmetic on the parts-Linear path (flatbnn/nn/parts_linear.py) written out, for a Sequential of
+    Flatten / Linear / ReLU (the MNIST MLP; None for any other network): the [m, P] noise draw and its multiply-add
+    onto the mean, per-part forward products, a hand-written backward forming each part's weight gradient, the ascent
+    points and the sum of |g_k|, the second forward at them and a backward forming only the summed gradient --
+    no autograd, no optimiser update, nothing a method or the engine adds."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from flatbnn.nn.parts_linear import param_views
+
+    seq = list(model)
+    if not seq or any(type(mod) not in (nn.Flatten, nn.Linear, nn.ReLU) for mod in seq) or \
+            any(type(mod) is nn.Linear and mod.bias is None for mod in seq):
+        return None
+    b = x.shape[0] // m
+    mean = torch.cat([p.detach().reshape(-1) for p in params])
+    std = torch.full_like(mean, 0.01)
+    ros = torch.full_like(mean, 0.05)
+    points = torch.empty(m, mean.numel(), device=device)
+    g = torch.Generator(device=device).manual_seed(0)
+    onehot = F.one_hot(y, int(model(x[:1]).shape[-1])).view(m, b, -1).to(x.dtype)
+    mean_views = [t.view(p.shape) for t, p in zip(mean.split([p.numel() for p in params]), params)]
+    ros_views = [t.view(p.shape) for t, p in zip(ros.split([p.numel() for p in params]), params)]
+    index = {id(p): i for i, p in enumerate(params)}
+    linear = [(index[id(mod.weight)], index[id(mod.bias)]) for mod in seq if type(mod) is nn.Linear]
+
+    def passes(views):  # forward: the inputs of each Linear [m, b, in] and the ReLU masks; d of the mean loss per part
+        h, inputs, masks = x.view(m, b, -1), [], []
+        for mod in seq:
+            if type(mod) is nn.Linear:
+                wi, bi = linear[len(inputs)]
+                inputs.append(h)
+                h = torch.baddbmm(views[bi].unsqueeze(1), h, views[wi].mT)
+            elif type(mod) is nn.ReLU:
+                masks.append(h > 0)
+                h = h.clamp_min(0)
+        return inputs, masks, (torch.softmax(h, -1) - onehot) / b
+
+    def backward(views, inputs, masks, d, per_part):
+        out = []
+        for j in reversed(range(len(inputs))):
+            wi, _ = linear[j]
+            a = inputs[j]
+            out.append((torch.bmm(d.mT, a), d.sum(1)) if per_part else
+                       (d.reshape(-1, d.shape[-1]).t().mm(a.reshape(-1, a.shape[-1])), d.sum((0, 1))))
+            if j:
+                d = torch.bmm(d, views[wi]).mul_(masks[j - 1])
+        return out[::-1]
+
+    def step():
+        points.normal_(generator=g)
+        torch.addcmul(mean, points, std, out=points)
+        views = param_views(points, params)
+        grads = backward(views, *passes(views), per_part=True)
+        per_param = [None] * len(params)
+        for (wi, bi), (gw, gb) in zip(linear, grads):
+            per_param[wi], per_param[bi] = gw, gb
+        for view, gk, w, r in zip(views, per_param, mean_views, ros_views):
+            torch.addcmul(w, gk, r, out=view)  # the ascent points w + rho g_k / s
+        abs_g = [gk.abs_().sum(0) for gk in per_param]
+        summed = backward(views, *passes(views), per_part=False)
+        return abs_g, summed
+
+    return step
+
+
+FLOOR_ROWS = ("floor:sgd", "floor:passes_m8", "floor:noise_m8", "floor:parts_bsam_m8", "floor:gemm")
 
 
 def forward_flops(args, device) -> float:
@@ -296,6 +369,9 @@ CPU_TARGETS = [
     ("bSAM m=8 / (16 passes + m noise)", "bsam+none", {"passes": 1.0, "noise": 1.0}, None),
     ("bSAM m=8 loop / (16 passes + m noise)", "bsam_loop+none", {"passes": 1.0, "noise": 1.0}, None),
     ("VOGN m=8 / (8 passes + m noise)", "vogn_m8+none", {"passes": 0.5, "noise": 1.0}, None),  # one pass a part
+    # no target: bSAM's own per-part arithmetic (Linear / ReLU nets): where its floor stands, and bSAM beside it
+    ("bSAM per-part arithmetic / (2 SGD + m noise)", "floor:parts_bsam_m8", {"sgd": 2.0, "noise": 1.0}, None),
+    ("bSAM m=8 / its per-part arithmetic", "bsam+none", {"parts_bsam": 1.0}, None),
 ]
 
 
@@ -532,7 +608,11 @@ def main(argv=None) -> dict:
             kinds[name] = "step" if name in ("ref:sam", "ref:asam", "ref:swag", "ref:bsam") else name.split(":")[1]
     if args.floors:
         for name in FLOOR_ROWS:
-            steps[name], kinds[name] = build_floor(name, args, device), "floor" if name != "floor:sgd" else "step"
+            step = build_floor(name, args, device)
+            if step is None:  # a floor this network has no hand-written form of
+                print(f"skipping {name}: not a Sequential of Flatten / Linear / ReLU", file=sys.stderr)
+                continue
+            steps[name], kinds[name] = step, "floor" if name != "floor:sgd" else "step"
     if args.eval_samples:  # the K-sample predictive, one by one vs eval_sample_chunk at a time
         for chunk in sorted({1, args.eval_chunk}):
             name = f"predict:k{args.eval_samples}:chunk{chunk}"
@@ -558,6 +638,8 @@ def main(argv=None) -> dict:
         fwd = forward_flops(args, device)
         floors = {"sgd": rows["floor:sgd"]["step_ms_median"], "noise": rows["floor:noise_m8"]["step_ms_median"],
                   "passes": rows["floor:passes_m8"]["step_ms_median"],
+                  **({"parts_bsam": rows["floor:parts_bsam_m8"]["step_ms_median"]}
+                     if "floor:parts_bsam_m8" in rows else {}),
                   "gemm_gflops": gflops, "forward_gflop": fwd / 1e9, "flop": 3 * fwd / (gflops * 1e9) * 1e3}
     now = datetime.datetime.now(datetime.timezone.utc)
     smoke_note = " -- smoke run: tiny model, 2 steps; checks the pipeline, not a performance number"

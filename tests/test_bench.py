@@ -234,12 +234,14 @@ def test_the_m8_loop_floor_is_16_small_passes_with_two_sgd_steps_of_arithmetic(t
     args = argparse.Namespace(model="mlp", batch_size=16, steps=1, warmup=0, repeats=1, device="cpu", precision="fp32",
                               channels_last=False, compile=False, model_overrides={"hidden": [12, 7]}, smoke=False)
     flops = {}
-    for name in ("floor:sgd", "floor:passes_m8"):
+    for name in ("floor:sgd", "floor:passes_m8", "floor:parts_bsam_m8"):
         step = bench.build_floor(name, args, torch.device("cpu"))
         with FlopCounterMode(display=False) as counter:
             step()
         flops[name] = counter.get_total_flops()
     assert flops["floor:sgd"] > 0 and flops["floor:passes_m8"] == 2 * flops["floor:sgd"], flops
+    # bSAM's per-part arithmetic is the same products: 2 forwards, 2 backwards (per-part or summed weight gradients)
+    assert flops["floor:parts_bsam_m8"] == 2 * flops["floor:sgd"], flops
     out = tmp_path / "floors.json"
     res = bench.main(["--smoke", "--floors", "--configs", "map+none,map+sam_m8", "--json", str(out)])
     t = res["cpu_targets"]

@@ -110,7 +110,8 @@ def test_linear_parts_give_the_loops_weights(method):
     w0, w_loop, s_loop, l_loop, acc_loop, _ = _run(method, "loop")
     _, w_lin, s_lin, l_lin, acc_lin, meth = _run(method, "linear")
     _, w_vmap, _, _, _, _ = _run(method, "vmap")
-    assert isinstance(meth._linear, list) and len(meth._linear) == 3  # this path ran
+    assert isinstance(meth._linear, list) and len(meth._linear) == 3  # this path ran, and results.json says so
+    assert meth.describe()["parts_path"] == "linear"
     assert float((w_loop - w0).norm()) > 1e-3  # the steps moved the weights
     for w in (w_lin, w_vmap):
         assert float((w - w_loop).norm()) <= 1e-10 * float((w_loop - w0).norm())
@@ -133,5 +134,5 @@ class _Shared(nn.Module):
 def test_a_linear_run_twice_takes_the_vmap_path_said_once(capsys):
     torch.manual_seed(0)
     _, _, _, _, _, meth = _run("bsam", "linear", steps=2, net=_Shared().double())
-    assert meth._linear is None
+    assert meth._linear is None and meth.describe()["parts_path"] == "vmap"
     assert capsys.readouterr().err.count("torch.func.vmap over the parts") == 1

@@ -79,6 +79,7 @@ class DiagonalGaussianMethod(Method):
         self._noise_buffer: torch.Tensor | None = None
         self._told: set[str] = set()
         self._linear: list[nn.Linear] | None | bool = False  # parts_linear_layers(): False = not decided yet
+        self.parts_taken: set[str] = set()  # the paths parts_path() chose (describe(): which made the steps)
 
     # ---------------------------------------------------------------- update
     def apply_update(self, params, grads, curvature, backprop) -> None:
@@ -135,19 +136,22 @@ class DiagonalGaussianMethod(Method):
         ``batched_parts`` decides (auto: :func:`batched_by_default`) where possible; a batch that ``parts`` does not
         divide (the short last one) takes the loop, its exact step. Said once in train.log."""
         if parts <= 1 or batch_size(batch) % parts:
-            return "loop"
+            return "loop"  # not recorded: m = 1, or an epoch's short last batch
         linear = (self.parts_linear_layers(self.parameters(), backprop, batch[0]) if self.batched_parts is not False
                   else None)
         want = (batched_by_default(self.ctx.device, self.batched_on_cpu, linear is not None)
                 if self.batched_parts == "auto" else self.batched_parts)
         if not want:
+            self.parts_taken.add("loop")
             return "loop"
         self.check_batched(backprop.scaler is not None)
         why = self.batched_refusal(backprop.scaler is not None)
         if why is not None:
             self.note_once(f"method={self.name}: the m parts run one after another (batched_parts=auto): {why}")
+            self.parts_taken.add("loop")
             return "loop"
         path = "vmap" if linear is None else "linear"
+        self.parts_taken.add(path)
         self.note_once(f"method={self.name}: the m parts run batched: " + (
             "torch.func.vmap over the parts" if linear is None else
             "one forward and one backward over the whole batch, each Linear a batched product per part"))
@@ -234,6 +238,8 @@ class DiagonalGaussianMethod(Method):
     def describe(self) -> dict:
         out = {"name": self.name, "num_samples": self.num_samples, "n_data_factor": self.n_data_factor,
                "batched_parts": self.batched_parts,
+               # which path made the m-part steps (loop / linear / vmap; results.json, as SAM's chunk_algorithm)
+               **({"parts_path": ",".join(sorted(self.parts_taken))} if self.parts_taken else {}),
                "predictive": "mean weights" if self.num_samples == 0 else
                f"average of softmax over {self.num_samples} samples w + std * n (eval seed {self.eval_seed})",
                "optimizer_group": "ignored (the method's own optimiser)"}

@@ -199,11 +199,12 @@ def test_a_benchmark_supersedes_the_runs_that_finished_before_it_and_later_runs_
 def test_a_benchmark_row_prices_only_the_runs_that_take_its_path_of_the_m_parts(tmp_path):
     """The loop and batched rows of one pair differ up to 3.6x (SAM m = 8 on the MNIST MLP: 78 vs 22 ms): the
     estimate of a run that loops must not come from the batched row (it did: whichever row came last won), and
-    bSAM's batched_parts=auto loops on a CPU and batches on a GPU."""
+    bSAM's batched_parts=auto batches on a GPU, and on a CPU where every parameter is a Linear's (the MLP: the
+    parts-Linear path), else loops there (LeNet-5) -- for the benchmarked network as for the priced run."""
     model = yaml.safe_load((cost.CONFIGS_DIR / "model" / "mlp.yaml").read_text())
     bench = tmp_path / "bench"
     bench.mkdir()
-    for slug, rows in (("cpu", {"map+sam_m8": 100.0, "map+sam_m8_batched": 400.0, "bsam+none": 50.0,
+    for slug, rows in (("cpu", {"map+sam_m8": 100.0, "map+sam_m8_batched": 400.0, "bsam_loop+none": 50.0,
                                 "bsam_batched+none": 30.0}),
                        ("some-gpu", {"bsam+none": 7000.0, "bsam_loop+none": 900.0})):
         (bench / f"{slug}-2026-11-28.json").write_text(json.dumps({
@@ -225,7 +226,8 @@ def test_a_benchmark_row_prices_only_the_runs_that_take_its_path_of_the_m_parts(
     (bench / "cpu-2026-11-29.json").write_text(json.dumps({   # a model keyword benchmarked (--set variant=bsam)
         "date": "2026-11-29T01:27:47+00:00", "device": {"type": "cpu", "slug": "cpu"},
         "settings": {"model": "lenet5", "model_overrides": {"variant": "bsam"}, "input_shape": [1, 28, 28],
-                     "precision": "fp32", "batch_size": 200}, "rows": {"map+none": {"kind": "step", "images_per_s": 2900.0}}}))
+                     "precision": "fp32", "batch_size": 200},
+        "rows": {"map+none": {"kind": "step", "images_per_s": 2900.0}, "bsam+none": {"kind": "step", "images_per_s": 20.0}}}))
     cost._measured_rates.cache_clear()
     rates = cost.measured_rates(bench, tmp_path / "none")
     assert [r.images_per_s for r in rates[("cpu", cost.work_key(lenet), "")]] == [2900.0]
@@ -234,8 +236,12 @@ def test_a_benchmark_row_prices_only_the_runs_that_take_its_path_of_the_m_parts(
     assert rate("cpu", {"_target_": "flatbnn.methods.MAP"}, {**sam, "batched_chunks": True}) == 400.0
     bsam = {"_target_": "flatbnn.methods.bsam.BSAM", "m": 8, "batched_parts": "auto"}
     none = {"_target_": "flatbnn.flatness.NoFlatness"}
-    assert rate("cpu", bsam, none) == 50.0 and rate("some-gpu", bsam, none) == 7000.0
+    assert rate("cpu", bsam, none) == 30.0 and rate("some-gpu", bsam, none) == 7000.0
     assert rate("cpu", {**bsam, "batched_parts": True}, none) == 30.0
+    assert rate("cpu", {**bsam, "batched_parts": False}, none) == 50.0
+    lenet_bsam = {**lenet, "method": bsam, "flatness": none}  # not Linear-only: auto loops on a CPU
+    assert cost.parts_path(lenet_bsam, "cpu") == "loop"
+    assert [r.images_per_s for r in rates[("cpu", cost.work_key(lenet_bsam), "loop")]] == [20.0]
     assert rate("some-gpu", {**bsam, "batched_parts": False}, none) == 900.0
 
 

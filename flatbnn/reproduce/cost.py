@@ -233,10 +233,15 @@ def parts_path(cfg: dict, device: str) -> str:
                 on_cpu = bool(getattr(get_class(str(method.get("_target_"))), "batched_on_cpu", False))
             except Exception:  # noqa: BLE001 - a class that no longer imports: its runs' path is unknown, say loop
                 on_cpu = False
-            try:
-                linear = _linear_only(json.dumps(cfg.get("model") or {}, sort_keys=True),
+            try:  # the model's interpolations (${dataset.num_classes}, ...) resolved against the whole config (the
+                # class count, where a partial config lacks it, does not change which layers hold the parameters)
+                from omegaconf import OmegaConf
+
+                whole = {**cfg, "dataset": {"num_classes": 10, **(cfg.get("dataset") or {})}}
+                model = OmegaConf.to_container(OmegaConf.create(whole).model, resolve=True)
+                linear = _linear_only(json.dumps(model, sort_keys=True),
                                       tuple(int(s) for s in _input_shape(cfg.get("dataset") or {})))
-            except Exception:  # noqa: BLE001 - a model that no longer builds: priced as not Linear-only
+            except Exception:  # noqa: BLE001 - no model, or one that no longer builds: priced as not Linear-only
                 linear = False
             want = batched_by_default(torch.device("cpu" if device == "cpu" else "cuda"), on_cpu, linear)
         return "batched" if want is True or str(want).lower() == "true" else "loop"
@@ -280,14 +285,17 @@ def _measured_rates(bench_dir: Path, records_root: Path) -> dict[tuple, list[Rat
         if not model_file.is_file() or (b.get("device") or {}).get("type") != "cuda" and st.get("smoke"):
             continue
         # the model as benchmarked: its option's keys with the run's --set keywords (LeNet-5's variant=bsam)
-        net = _network({**(yaml.safe_load(model_file.read_text()) or {}), **(st.get("model_overrides") or {})},
-                       st.get("input_shape"))
+        model = {**(yaml.safe_load(model_file.read_text()) or {}), **(st.get("model_overrides") or {})}
+        net = _network(model, st.get("input_shape"))
+        # what the rows' batched_parts=auto took depends on the network (parts_path): the benchmarked one, 10 classes
+        bench_model = {"model": {**model, "num_classes": 10, "input_shape": st.get("input_shape")},
+                       "dataset": {"input_shape": st.get("input_shape")}}
         slug = (b.get("device") or {}).get("slug") or "cpu"
         for label, r in (b.get("rows") or {}).items():
             if r.get("kind") != "step" or label not in pairs or not r.get("images_per_s"):
                 continue
             cls, keys = pairs[label]
-            key = (slug, (net, *cls, str(st.get("precision", "fp32"))), parts_path(keys, slug))
+            key = (slug, (net, *cls, str(st.get("precision", "fp32"))), parts_path({**keys, **bench_model}, slug))
             rate = Rate(float(r["images_per_s"]), f"measured: {f.relative_to(REPO) if f.is_relative_to(REPO) else f} "
                         f"{label} step, batch {st.get('batch_size')}", True)
             if key not in newest or str(b.get("date")) >= newest[key][0]:

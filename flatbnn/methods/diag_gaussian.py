@@ -137,17 +137,18 @@ class DiagonalGaussianMethod(Method):
         divide (the short last one) takes the loop, its exact step. Said once in train.log."""
         if parts <= 1 or batch_size(batch) % parts:
             return "loop"  # not recorded: m = 1, or an epoch's short last batch
-        linear = (self.parts_linear_layers(self.parameters(), backprop, batch[0]) if self.batched_parts is not False
-                  else None)
-        want = (batched_by_default(self.ctx.device, self.batched_on_cpu, linear is not None)
-                if self.batched_parts == "auto" else self.batched_parts)
-        if not want:
+        why = None
+        if self.batched_parts is not False:
+            self.check_batched(backprop.scaler is not None)  # true where it cannot run: one line
+            why = self.batched_refusal(backprop.scaler is not None)  # before the probe forward: DDP, BatchNorm, ...
+            if why is not None and batched_by_default(self.ctx.device, self.batched_on_cpu):
+                self.note_once(f"method={self.name}: the m parts run one after another (batched_parts=auto): {why}")
+        if self.batched_parts is False or why is not None:
             self.parts_taken.add("loop")
             return "loop"
-        self.check_batched(backprop.scaler is not None)
-        why = self.batched_refusal(backprop.scaler is not None)
-        if why is not None:
-            self.note_once(f"method={self.name}: the m parts run one after another (batched_parts=auto): {why}")
+        linear = self.parts_linear_layers(self.parameters(), backprop, batch[0])
+        if self.batched_parts == "auto" and not batched_by_default(self.ctx.device, self.batched_on_cpu,
+                                                                   linear is not None):
             self.parts_taken.add("loop")
             return "loop"
         path = "vmap" if linear is None else "linear"

@@ -112,6 +112,9 @@ def test_linear_parts_give_the_loops_weights(method):
     _, w_vmap, _, _, _, _ = _run(method, "vmap")
     assert isinstance(meth._linear, list) and len(meth._linear) == 3  # this path ran, and results.json says so
     assert meth.describe()["parts_path"] == "linear"
+    _, _, _, _, _, loop = _run(method, "loop", steps=1)
+    loop.load_state_dict(meth.state_dict())  # a resume keeps the paths the steps before it took
+    assert loop.describe()["parts_path"] == "linear,loop"
     assert float((w_loop - w0).norm()) > 1e-3  # the steps moved the weights
     for w in (w_lin, w_vmap):
         assert float((w - w_loop).norm()) <= 1e-10 * float((w_loop - w0).norm())

@@ -229,12 +229,14 @@ class DiagonalGaussianMethod(Method):
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "generator": self.generator.get_state()}
+        # parts_taken too: a resumed run's results.json names every path its steps took, before and after the resume
+        return {**super().state_dict(), "generator": self.generator.get_state(), "parts_taken": sorted(self.parts_taken)}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         if state.get("generator") is not None:
             self.generator.set_state(state["generator"])
+        self.parts_taken.update(state.get("parts_taken") or ())  # absent in checkpoints before 97d7154
 
     def describe(self) -> dict:
         out = {"name": self.name, "num_samples": self.num_samples, "n_data_factor": self.n_data_factor,

@@ -120,12 +120,10 @@ class BSAM(DiagonalGaussianMethod):
             points = (self.noise_parts(len(chunks), params, flatten(params)) if self.noise
                       else self.parts_buffer(len(chunks), params).copy_(flatten(params)))
             g_p, h, loss_sum = self._linear_parts(self._linear, params, batch, len(chunks), points)
-        elif path == "vmap":
-            noise = self.noise_parts(len(chunks), params) if self.noise else None
-            g_p, h, loss_sum = self._batched_parts(params, batch, len(chunks), noise, backprop)
         else:
             noise = self.noise_parts(len(chunks), params) if self.noise else None
-            g_p, h, loss_sum = self._loop_parts(params, chunks, noise, backprop)
+            g_p, h, loss_sum = (self._batched_parts(params, batch, len(chunks), noise, backprop) if path == "vmap"
+                                else self._loop_parts(params, chunks, noise, backprop))
         g_p = self._all_reduce(g_p)
         h = self._all_reduce(h)
         if backprop.scaler is not None:

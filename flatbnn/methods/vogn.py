@@ -178,6 +178,11 @@ class VOGN(DiagonalGaussianMethod):
                 h.update({n: pe[n].square().mean(0) for n in other})
         return g, [h[n].to(p.dtype) for n, p in zip(names, params)], losses.detach(), logits.detach()
 
+    def parts_linear_layers(self, params, backprop, x):
+        """As the base's, but none where ``sum_grad_squared=per_example`` (the reference takes every parameter's h from
+        per-example gradients, so its batched parts are the vmap path): the path parts_path() records is the one run."""
+        return None if self.sum_grad_squared == "per_example" else super().parts_linear_layers(params, backprop, x)
+
     def _linear_statistics(self, layers, params, noisy, batch, parts: int):
         """(g, h, losses, logits) of all parts in one forward and one backward where every parameter is a Linear's
         (flatbnn/nn/parts_linear.py): g summed over the parts and h = sum_i (d_i a_i^T)^2 over every part's rows -- what
@@ -227,7 +232,7 @@ class VOGN(DiagonalGaussianMethod):
                     torch._foreach_add_([h_hat[i] for i in pick], [h[i] for i in pick], alpha=alpha)
 
         path = self.parts_path(batch, len(chunks), backprop)
-        if path == "linear" and not other:
+        if path == "linear":
             g, h, losses, logits = self._linear_statistics(self._linear, params, noisy, batch, parts)
             with torch.no_grad():
                 accumulate(g, h, 1.0 / parts, batch_size(batch) // parts)

@@ -32,6 +32,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from flatbnn.nn.sum_grad_squared import square_sum_rows
+
 
 class NotPartRows(RuntimeError):
     """A Linear layer ran on inputs this path does not cover (not [m b, features] rows, or twice in one forward)."""
@@ -67,9 +69,8 @@ class _PartsLinear(torch.autograd.Function):
         gb_parts = d.sum(1) if ctx.has_bias and need[2] else None
         gw_sum = grad.t().mm(x) if need[3] else None
         gb_sum = grad.sum(0) if ctx.has_bias and need[4] else None
-        sq = grad.square() if need[5] or (ctx.has_bias and need[6]) else None
-        gw_sq = sq.t().mm(x.square()) if need[5] else None
-        gb_sq = sq.sum(0) if ctx.has_bias and need[6] else None
+        gw_sq = square_sum_rows(grad, x) if need[5] else None  # the tapped Linear's rule, over every part's rows
+        gb_sq = grad.square().sum(0) if ctx.has_bias and need[6] else None
         return gx, gw_parts, gb_parts, gw_sum, gb_sum, gw_sq, gb_sq
 
 

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def _square_sum_rows(d: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+def square_sum_rows(d: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     """sum_i (d_i a_i^T)^2 for d [B, O], a [B, I]: (d^2)^T (a^2)."""
     return d.square().t().mm(a.square())
 
@@ -74,7 +74,7 @@ class _LinearSq(torch.autograd.Function):
         gb = d.sum(0) if ctx.has_bias and need[2] else None
         sw = sb = None
         if x.dim() <= 2:  # one row per example
-            sw = _square_sum_rows(d, a) if need[3] else None
+            sw = square_sum_rows(d, a) if need[3] else None
             sb = d.square().sum(0) if ctx.has_bias and need[4] else None
         else:  # [B, ..., features]: sum over the rows of one example first
             d = grad.reshape(grad.shape[0], -1, grad.shape[-1]).transpose(1, 2)

@@ -55,7 +55,7 @@ from flatbnn.flatness.base import split_batch
 from flatbnn.flatness.sam import all_finite
 from flatbnn.methods.diag_gaussian import DiagonalGaussianMethod, batch_size
 from flatbnn.methods.param_vector import flatten, unflatten
-from flatbnn.nn.parts_linear import layer_views, param_views, parts_weights, phantom
+from flatbnn.nn.parts_linear import in_param_order, layer_views, pair_leaves, param_views, parts_weights, phantom_pairs
 from flatbnn.optim.bsam import BSAMOptimizer
 
 BN_POLICIES = ("both", "first", "second", "none")
@@ -182,10 +182,6 @@ class BSAM(DiagonalGaussianMethod):
         opt = self.optimizer
         x, y = batch
         rows = x.shape[0]
-        at_layer = {id(t): i for i, t in enumerate(t for mod in layers for t in (mod.weight, mod.bias) if t is not None)}
-
-        def in_params(tensors):  # the layers' order -> the parameters' order
-            return [tensors[at_layer[id(p)]] for p in params]
 
         def losses_at(weights, sums=None):
             with torch.enable_grad(), parts_weights(layers, parts, rows, weights, sums):
@@ -196,7 +192,7 @@ class BSAM(DiagonalGaussianMethod):
         leaves = [tuple(None if t is None else t.detach().requires_grad_(True) for t in pair)
                   for pair in layer_views(points, params, layers)]
         logits, losses = losses_at(leaves)
-        g = in_params(torch.autograd.grad(losses.sum(), [t for pair in leaves for t in pair if t is not None]))
+        g = in_param_order(layers, params, torch.autograd.grad(losses.sum(), pair_leaves(leaves)))
         with torch.no_grad():
             self.count_correct(logits.detach(), y)  # train accuracy at the noisy weights, every part
             self._seen += y.numel()
@@ -204,9 +200,9 @@ class BSAM(DiagonalGaussianMethod):
             for p, gk, ros, out in zip(params, g, opt.ascent_scales(), at):
                 torch.addcmul(p.detach(), gk, ros, out=out)  # w + rho * g_k / s: the second pass's weights
             abs_g = [gk.abs_().sum(0).mul_(1.0 / parts) for gk in g]  # mean |g_k| over parts; h = sqrt(s) * it
-        sums = [(phantom(mod.weight), None if mod.bias is None else phantom(mod.bias)) for mod in layers]
+        sums = phantom_pairs(layers)
         _, losses2 = losses_at(layer_views(points, params, layers), sums)
-        gp = in_params(torch.autograd.grad(losses2.sum(), [t for pair in sums for t in pair if t is not None]))
+        gp = in_param_order(layers, params, torch.autograd.grad(losses2.sum(), pair_leaves(sums)))
         with torch.no_grad():
             g_p = torch._foreach_mul(gp, 1.0 / parts)
         return g_p, opt.curvature_from_abs(abs_g), losses.detach().float().mean()
@@ -238,8 +234,8 @@ class BSAM(DiagonalGaussianMethod):
             return torch.cat([g.reshape(parts, -1) for g in grads], dim=1), losses.detach(), logits.detach()
 
         with torch.no_grad():
-            mean = torch.cat([p.detach().reshape(-1) for p in params])
-            s = torch.cat([t.reshape(-1) for t in opt.precisions()])
+            mean = flatten(params)
+            s = flatten(opt.precisions())
             noisy = mean.expand(parts, -1) if noise is None else noise.add_(mean)  # the buffer becomes the weights
         g, losses, logits = grads_at(noisy)
         with torch.no_grad():

@@ -53,7 +53,8 @@ from torch.func import functional_call, grad, vmap
 
 from flatbnn.flatness.base import split_batch
 from flatbnn.methods.diag_gaussian import DiagonalGaussianMethod, batch_size
-from flatbnn.nn.parts_linear import layer_views, parts_weights, phantom
+from flatbnn.methods.param_vector import flatten
+from flatbnn.nn.parts_linear import in_param_order, layer_views, pair_leaves, parts_weights, phantom_pairs
 from flatbnn.nn.sum_grad_squared import count_calls, tap_plan, tapped
 from flatbnn.optim.vogn import VOGNOptimizer
 
@@ -188,19 +189,15 @@ class VOGN(DiagonalGaussianMethod):
         (flatbnn/nn/parts_linear.py): g summed over the parts and h = sum_i (d_i a_i^T)^2 over every part's rows -- what
         ``_part_statistics(batched=True)`` gives, with no part's gradient formed (the products over all rows at once)."""
         x, y = batch
-        sums = [(phantom(mod.weight), None if mod.bias is None else phantom(mod.bias)) for mod in layers]
-        squares = [(phantom(mod.weight), None if mod.bias is None else phantom(mod.bias)) for mod in layers]
+        sums, squares = phantom_pairs(layers), phantom_pairs(layers)
         with torch.enable_grad(), parts_weights(layers, parts, x.shape[0], layer_views(noisy, params, layers), sums,
                                                 squares):
             logits = self.module(x)
             losses = self.parts_losses(logits.view(parts, -1, *logits.shape[1:]), y.view(parts, -1, *y.shape[1:]))
-        owners = [t for mod in layers for t in (mod.weight, mod.bias) if t is not None]
-        flat_sums = [t for pair in sums for t in pair if t is not None]
-        flat_squares = [t for pair in squares for t in pair if t is not None]
-        grads = torch.autograd.grad(losses.sum(), flat_sums + flat_squares)
-        g = dict(zip(map(id, owners), grads[:len(owners)]))
-        h = dict(zip(map(id, owners), grads[len(owners):]))
-        return [g[id(p)] for p in params], [h[id(p)] for p in params], losses.detach(), logits.detach()
+        n = len(pair_leaves(sums))
+        grads = torch.autograd.grad(losses.sum(), pair_leaves(sums) + pair_leaves(squares))
+        return (in_param_order(layers, params, grads[:n]), in_param_order(layers, params, grads[n:]), losses.detach(),
+                logits.detach())
 
     def train_step(self, batch, flatness, backprop) -> dict:
         self.check_flatness(flatness)
@@ -220,7 +217,7 @@ class VOGN(DiagonalGaussianMethod):
         tapped_names, other = self.plan(names, batch[0], autocast_on)
         tap = [n in tapped_names for n in names]
         with torch.no_grad():  # [parts, P]: mu + std * n, each part's weights
-            noisy = self.noise_parts(len(chunks), params, torch.cat([p.detach().reshape(-1) for p in params]))
+            noisy = self.noise_parts(len(chunks), params, flatten(params))
         g_hat = [torch.zeros_like(p) for p in params]
         h_hat = [torch.zeros_like(p) for p in params]
 

@@ -153,6 +153,25 @@ def param_views(flat: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Te
     return views
 
 
+def phantom_pairs(layers: list[nn.Linear]) -> list[tuple]:
+    """Per layer (a phantom of its weight, one of its bias or None): the inputs that receive the layer's summed
+    gradients or sums of squares in :func:`parts_weights`."""
+    return [(phantom(mod.weight), None if mod.bias is None else phantom(mod.bias)) for mod in layers]
+
+
+def pair_leaves(pairs) -> list[torch.Tensor]:
+    """The tensors of per-layer (weight, bias or None) pairs in the layers' order, the Nones left out: what
+    ``torch.autograd.grad`` takes."""
+    return [t for pair in pairs for t in pair if t is not None]
+
+
+def in_param_order(layers: list[nn.Linear], params: list[torch.Tensor], tensors) -> list[torch.Tensor]:
+    """``tensors`` given in the layers' order (as :func:`pair_leaves` lists each layer's weight and bias) -> in
+    ``params``' order."""
+    at = {id(t): i for i, t in enumerate(pair_leaves((mod.weight, mod.bias) for mod in layers))}
+    return [tensors[at[id(p)]] for p in params]
+
+
 def layer_views(flat: torch.Tensor, params: list[torch.Tensor], layers: list[nn.Linear]) -> list[tuple]:
     """Per layer (weight [parts, out, in], bias [parts, out] or None): :func:`param_views` of ``flat``."""
     at = {id(p): v for p, v in zip(params, param_views(flat, params))}

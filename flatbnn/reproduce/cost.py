@@ -287,9 +287,9 @@ def _measured_rates(bench_dir: Path, records_root: Path) -> dict[tuple, list[Rat
         # the model as benchmarked: its option's keys with the run's --set keywords (LeNet-5's variant=bsam)
         model = {**(yaml.safe_load(model_file.read_text()) or {}), **(st.get("model_overrides") or {})}
         net = _network(model, st.get("input_shape"))
-        # what the rows' batched_parts=auto took depends on the network (parts_path): the benchmarked one, 10 classes
-        bench_model = {"model": {**model, "num_classes": 10, "input_shape": st.get("input_shape")},
-                       "dataset": {"input_shape": st.get("input_shape")}}
+        # what the rows' batched_parts=auto took depends on the network (parts_path): the benchmarked one (parts_path
+        # resolves the model's ${dataset.*} against this)
+        bench_model = {"model": model, "dataset": {"input_shape": st.get("input_shape")}}
         slug = (b.get("device") or {}).get("slug") or "cpu"
         for label, r in (b.get("rows") or {}).items():
             if r.get("kind") != "step" or label not in pairs or not r.get("images_per_s"):

@@ -16,7 +16,8 @@ from flatbnn.methods import RunContext
 from flatbnn.methods.bsam import BSAM
 from flatbnn.methods.vogn import VOGN
 from flatbnn.models import create_model
-from flatbnn.nn.parts_linear import NotPartRows, layer_views, param_views, parts_weights, phantom
+from flatbnn.nn.parts_linear import (NotPartRows, in_param_order, layer_views, pair_leaves, param_views, parts_weights,
+                                     phantom_pairs)
 
 CPU = torch.device("cpu")
 
@@ -53,21 +54,24 @@ def test_parts_linear_gradients_are_the_per_part_passes():
 
     leaves = [tuple(None if t is None else t.detach().requires_grad_(True) for t in pair)
               for pair in layer_views(flat, params, layers)]
-    sums = [(phantom(mod.weight), None if mod.bias is None else phantom(mod.bias)) for mod in layers]
-    sq_ph = [(phantom(mod.weight), None if mod.bias is None else phantom(mod.bias)) for mod in layers]
+    sums, sq_ph = phantom_pairs(layers), phantom_pairs(layers)
     with parts_weights(layers, m, m * b, leaves, sums, sq_ph):
         logits = net(x)
     loss = F.cross_entropy(logits, y, reduction="none").view(m, b).mean(1).sum()
-    flat_leaves = [t for pair in leaves for t in pair if t is not None]
-    flat_sums = [t for pair in sums for t in pair if t is not None]
-    flat_sq = [t for pair in sq_ph for t in pair if t is not None]
-    got = torch.autograd.grad(loss, flat_leaves + flat_sums + flat_sq)
+    got = torch.autograd.grad(loss, pair_leaves(leaves) + pair_leaves(sums) + pair_leaves(sq_ph))
     n = len(params)
     for i in range(n):  # params and the layers' tensors are in the same order here
         torch.testing.assert_close(got[i], torch.stack([per_part[k][i] for k in range(m)]), rtol=1e-12, atol=1e-14)
         torch.testing.assert_close(got[n + i], sum(per_part[k][i] for k in range(m)), rtol=1e-12, atol=1e-14)
         torch.testing.assert_close(got[2 * n + i], sum(squares[k][i] for k in range(m)), rtol=1e-12, atol=1e-14)
     assert all("forward" not in vars(mod) for mod in layers)  # the layers are put back
+
+
+def test_in_param_order_maps_the_layers_order_to_the_parameters():
+    a, b = nn.Linear(3, 2), nn.Linear(2, 4, bias=False)
+    by_layer = ["a.weight", "a.bias", "b.weight"]  # what pair_leaves lists: each layer's weight, then its bias
+    assert [t.shape for t in pair_leaves(phantom_pairs([a, b]))] == [a.weight.shape, a.bias.shape, b.weight.shape]
+    assert in_param_order([a, b], [b.weight, a.bias, a.weight], by_layer) == ["b.weight", "a.bias", "a.weight"]
 
 
 def test_parts_linear_refuses_rows_it_does_not_cover():

@@ -10,7 +10,8 @@ so the per-example gradient is g_i = B d_i a_i^T and, element-wise,
 Inputs with more than one row per example ([B, T, I]) and Conv2d (U_i the unfolded input [C k k, L], d_i [O, L]) sum
 over the positions of one example FIRST: g_i = B d_i U_i^T, then squared -- not a square per position. That is one
 batched GEMM into [B, weight size] (this layer's per-example gradients, one layer at a time) and a sum of squares over
-B; bias: B^2 sum_i (sum_l d_i,l)^2.
+B; their plain sum over B is the conv weight's gradient, so the usual backward skips that product; bias:
+B^2 sum_i (sum_l d_i,l)^2.
 
 How the sums come out: every supported module's forward is swapped (``tapped``) for a custom autograd Function whose
 backward returns the layer's usual gradients plus sum_i (d_i a_i^T)^2 as the gradient of an extra input, a zero
@@ -106,14 +107,19 @@ class _Conv2dSq(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         stride, padding, dilation = ctx.conv
         need = ctx.needs_input_grad
+        # where the phantom asks for the per-example gradients, the weight's gradient is their sum (no second
+        # product of the whole batch in convolution_backward: VOGN's conv backward a quarter cheaper)
         gx, gw, gb = torch.ops.aten.convolution_backward(
             grad, x, weight, [weight.shape[0]] if ctx.has_bias else None, stride, padding, dilation, False, [0, 0], 1,
-            [need[0], need[1], ctx.has_bias and need[2]])
+            [need[0], need[1] and not need[3], ctx.has_bias and need[2]])
         sw = sb = None
         d = grad.reshape(grad.shape[0], grad.shape[1], -1)  # [B, O, L]
         if need[3]:
             u = F.unfold(x, weight.shape[2:], dilation=dilation, padding=padding, stride=stride)  # [B, C k k, L]
-            sw = _square_sum_per_example(d, u).view(weight.shape)
+            per_example = torch.bmm(d, u.transpose(1, 2))  # [B, O, C k k]: d_i U_i^T
+            if need[1]:
+                gw = per_example.sum(0).view(weight.shape)
+            sw = per_example.mul_(per_example).sum(0).view(weight.shape)  # squared in place (square_ has no vmap rule)
         if ctx.has_bias and need[4]:
             sb = d.sum(2).square().sum(0)
         return gx, gw, gb, sw, sb, None, None, None

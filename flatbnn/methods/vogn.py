@@ -194,8 +194,9 @@ class VOGN(DiagonalGaussianMethod):
                                                 squares):
             logits = self.module(x)
             losses = self.parts_losses(logits.view(parts, -1, *logits.shape[1:]), y.view(parts, -1, *y.shape[1:]))
-        n = len(pair_leaves(sums))
-        grads = torch.autograd.grad(losses.sum(), pair_leaves(sums) + pair_leaves(squares))
+        sum_leaves = pair_leaves(sums)
+        grads = torch.autograd.grad(losses.sum(), sum_leaves + pair_leaves(squares))
+        n = len(sum_leaves)
         return (in_param_order(layers, params, grads[:n]), in_param_order(layers, params, grads[n:]), losses.detach(),
                 logits.detach())
 

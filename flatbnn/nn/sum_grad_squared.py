@@ -44,9 +44,13 @@ def square_sum_rows(d: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     return d.square().t().mm(a.square())
 
 
-def _square_sum_per_example(d: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-    """sum_i (d_i a_i^T)^2 for d [B, O, L], a [B, I, L]: each example's sum over L first."""
-    return torch.bmm(d, a.transpose(1, 2)).square().sum(0)
+def _per_example_sums(d: torch.Tensor, a: torch.Tensor, with_sum: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(sum_i g_i where ``with_sum``, else None; sum_i g_i^2) for g_i = d_i a_i^T, d [B, O, L], a [B, I, L]: each
+    example's sum over L first, one batched product; the squares taken in place after the sum (``mul_``: ``square_``
+    has no vmap rule)."""
+    per_example = torch.bmm(d, a.transpose(1, 2))  # [B, O, I]
+    total = per_example.sum(0) if with_sum else None
+    return total, per_example.mul_(per_example).sum(0)
 
 
 class _LinearSq(torch.autograd.Function):
@@ -80,7 +84,7 @@ class _LinearSq(torch.autograd.Function):
         else:  # [B, ..., features]: sum over the rows of one example first
             d = grad.reshape(grad.shape[0], -1, grad.shape[-1]).transpose(1, 2)
             a = x.reshape(x.shape[0], -1, x.shape[-1]).transpose(1, 2)
-            sw = _square_sum_per_example(d, a) if need[3] else None
+            sw = _per_example_sums(d, a, with_sum=False)[1] if need[3] else None
             sb = d.sum(2).square().sum(0) if ctx.has_bias and need[4] else None
         return gx, gw, gb, sw, sb
 
@@ -116,10 +120,10 @@ class _Conv2dSq(torch.autograd.Function):
         d = grad.reshape(grad.shape[0], grad.shape[1], -1)  # [B, O, L]
         if need[3]:
             u = F.unfold(x, weight.shape[2:], dilation=dilation, padding=padding, stride=stride)  # [B, C k k, L]
-            per_example = torch.bmm(d, u.transpose(1, 2))  # [B, O, C k k]: d_i U_i^T
+            total, sw = _per_example_sums(d, u, with_sum=need[1])
+            sw = sw.view(weight.shape)
             if need[1]:
-                gw = per_example.sum(0).view(weight.shape)
-            sw = per_example.mul_(per_example).sum(0).view(weight.shape)  # squared in place (square_ has no vmap rule)
+                gw = total.view(weight.shape)
         if ctx.has_bias and need[4]:
             sb = d.sum(2).square().sum(0)
         return gx, gw, gb, sw, sb, None, None, None

@@ -69,6 +69,37 @@ def test_conv_squares_each_examples_gradient_after_its_sum_over_positions():
     assert float(sb) == pytest.approx(4.0 ** 2 + 4.0 ** 2)
 
 
+class _Tokens(nn.Module):
+    """A Linear on [B, T, features] (a ViT's layers see tokens so): each example's gradient is a sum over its rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.mix, self.head = nn.Linear(4, 5), nn.Linear(15, 10)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.mix(x.view(x.shape[0], 3, 4))).flatten(1))
+
+
+def test_linear_on_tokens_squares_each_examples_gradient_and_keeps_the_weight_gradient():
+    """The multi-row Linear branch: sum_i g_i^2 of the per-example reference (each example's gradient summed over its
+    tokens before the square), and the weight / bias gradients asked for beside it are the plain backward's."""
+    torch.manual_seed(0)
+    net = _Tokens().double()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(6, 12, generator=g, dtype=torch.float64), torch.randint(0, 10, (6,), generator=g)
+    phantoms = {n: torch.zeros_like(p).requires_grad_(True) for n, p in net.named_parameters()}
+    params = list(net.parameters())
+    with tapped(net, phantoms):
+        loss = F.cross_entropy(net(x), y)
+    out = torch.autograd.grad(loss, params + list(phantoms.values()))
+    plain = torch.autograd.grad(F.cross_entropy(net(x), y), params)
+    for n, got, want in zip(phantoms, out[:len(params)], plain):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15, msg=n)
+    ref = _per_example_sum_squares(net, x, y)
+    for n, got in zip(phantoms, out[len(params):]):
+        torch.testing.assert_close(got * 36, ref[n], rtol=1e-10, atol=1e-14, msg=n)
+
+
 def test_a_module_run_twice_and_other_layers_go_to_the_per_example_path():
     lin = nn.Linear(4, 4)
     net = nn.Sequential(lin, nn.ReLU(), lin, nn.LayerNorm(4), nn.Linear(4, 3))

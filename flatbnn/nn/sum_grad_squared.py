@@ -10,7 +10,7 @@ so the per-example gradient is g_i = B d_i a_i^T and, element-wise,
 Inputs with more than one row per example ([B, T, I]) and Conv2d (U_i the unfolded input [C k k, L], d_i [O, L]) sum
 over the positions of one example FIRST: g_i = B d_i U_i^T, then squared -- not a square per position. That is one
 batched GEMM into [B, weight size] (this layer's per-example gradients, one layer at a time) and a sum of squares over
-B; their plain sum over B is the conv weight's gradient, so the usual backward skips that product; bias:
+B; their plain sum over B is the weight's gradient, so the usual backward skips that product; bias:
 B^2 sum_i (sum_l d_i,l)^2.
 
 How the sums come out: every supported module's forward is swapped (``tapped``) for a custom autograd Function whose
@@ -74,17 +74,22 @@ class _LinearSq(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         need = ctx.needs_input_grad
         d, a = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])  # every row of every example
+        rows = x.dim() <= 2  # one row per example
         gx = grad.matmul(weight) if need[0] else None
-        gw = d.t().mm(a) if need[1] else None
+        # [B, ..., features] with the phantom: the weight's gradient is the sum of the per-example products formed
+        # for the squares (no second product of all rows), as the conv below
+        gw = d.t().mm(a) if need[1] and (rows or not need[3]) else None
         gb = d.sum(0) if ctx.has_bias and need[2] else None
         sw = sb = None
-        if x.dim() <= 2:  # one row per example
+        if rows:
             sw = square_sum_rows(d, a) if need[3] else None
             sb = d.square().sum(0) if ctx.has_bias and need[4] else None
-        else:  # [B, ..., features]: sum over the rows of one example first
+        else:  # sum over the rows of one example first
             d = grad.reshape(grad.shape[0], -1, grad.shape[-1]).transpose(1, 2)
             a = x.reshape(x.shape[0], -1, x.shape[-1]).transpose(1, 2)
-            sw = _per_example_sums(d, a, with_sum=False)[1] if need[3] else None
+            if need[3]:
+                total, sw = _per_example_sums(d, a, with_sum=need[1])
+                gw = total if need[1] else gw
             sb = d.sum(2).square().sum(0) if ctx.has_bias and need[4] else None
         return gx, gw, gb, sw, sb
 

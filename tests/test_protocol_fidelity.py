@@ -122,7 +122,7 @@ def test_status_board_and_comparison_page_show_fidelity_and_departures(monkeypat
 
     from flatbnn.reproduce import compare, compare_markdown, status
     line = next(x for x in status.render().splitlines() if x.startswith("| `bsam_t6`"))
-    assert re.search(r"\| \d+ checked / 7 departures \|", line)
+    assert re.search(r"\| \d+ checked / 9 departures \|", line)
     monkeypatch.setattr(P, "protocol_of", lambda row: None)  # a row nobody transcribed says so, never passes quietly
     line = next(x for x in status.render().splitlines() if x.startswith("| `hwa_fig1`"))
     assert "**no protocol yet**" in line

@@ -74,23 +74,20 @@ class _LinearSq(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         need = ctx.needs_input_grad
         d, a = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])  # every row of every example
-        rows = x.dim() <= 2  # one row per example
         gx = grad.matmul(weight) if need[0] else None
-        # [B, ..., features] with the phantom: the weight's gradient is the sum of the per-example products formed
-        # for the squares (no second product of all rows), as the conv below
-        gw = d.t().mm(a) if need[1] and (rows or not need[3]) else None
         gb = d.sum(0) if ctx.has_bias and need[2] else None
-        sw = sb = None
-        if rows:
+        gw = sw = sb = None
+        if x.dim() <= 2:  # one row per example
             sw = square_sum_rows(d, a) if need[3] else None
             sb = d.square().sum(0) if ctx.has_bias and need[4] else None
-        else:  # sum over the rows of one example first
-            d = grad.reshape(grad.shape[0], -1, grad.shape[-1]).transpose(1, 2)
-            a = x.reshape(x.shape[0], -1, x.shape[-1]).transpose(1, 2)
-            if need[3]:
-                total, sw = _per_example_sums(d, a, with_sum=need[1])
-                gw = total if need[1] else gw
-            sb = d.sum(2).square().sum(0) if ctx.has_bias and need[4] else None
+        else:  # [B, ..., features]: sum over the rows of one example first
+            d_ex = grad.reshape(grad.shape[0], -1, grad.shape[-1]).transpose(1, 2)
+            a_ex = x.reshape(x.shape[0], -1, x.shape[-1]).transpose(1, 2)
+            if need[3]:  # the weight's gradient (where asked) is the per-example products' sum, as the conv below
+                gw, sw = _per_example_sums(d_ex, a_ex, with_sum=need[1])
+            sb = d_ex.sum(2).square().sum(0) if ctx.has_bias and need[4] else None
+        if need[1] and gw is None:
+            gw = d.t().mm(a)
         return gx, gw, gb, sw, sb
 
 

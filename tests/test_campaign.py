@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import REPO
+from helpers import REPO, compose_cfg
+from omegaconf import OmegaConf
 
 from flatbnn.reproduce import archive, campaign, cost, launch, spec
 from flatbnn.reproduce.aggregate import config_key
@@ -243,6 +244,31 @@ def test_a_benchmark_row_prices_only_the_runs_that_take_its_path_of_the_m_parts(
     assert cost.parts_path(lenet_bsam, "cpu") == "loop"
     assert [r.images_per_s for r in rates[("cpu", cost.work_key(lenet_bsam), "loop")]] == [20.0]
     assert rate("some-gpu", {**bsam, "batched_parts": False}, none) == 900.0
+
+
+def test_the_sgvb_estimators_share_a_class_but_not_a_measured_rate(tmp_path):
+    """bbb_flipout (HWA's baseline), sgvb_lrt and sgvb are one class (SGVB) whose estimator changes a step's work
+    (flipout: a second product per layer; 18 vs 29 ms on LeNet-5 at batch 128, one CPU thread): rows of each in one
+    benchmark file price each option's runs at its own rate -- keyed by class alone, the last row read priced all
+    three -- and a run config composed from the option matches the row the benchmark built from it."""
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    (bench / "cpu-2026-11-30.json").write_text(json.dumps({
+        "date": "2026-11-30T00:00:00+00:00", "device": {"type": "cpu", "slug": "cpu"},
+        "settings": {"model": "lenet5", "input_shape": [1, 28, 28], "precision": "fp32", "batch_size": 128},
+        "rows": {"sgvb+none": {"kind": "step", "images_per_s": 6900.0},
+                 "bbb_flipout+none": {"kind": "step", "images_per_s": 4400.0},
+                 "sgvb_lrt+none": {"kind": "step", "images_per_s": 5000.0}}}))
+    cost._measured_rates.cache_clear()
+    rates = cost.measured_rates(bench, tmp_path / "none")
+    lenet = yaml.safe_load((cost.CONFIGS_DIR / "model" / "lenet5.yaml").read_text())
+    got = {}
+    for option in ("sgvb", "bbb_flipout", "sgvb_lrt"):
+        cfg = OmegaConf.to_container(compose_cfg([f"method={option}", "model=lenet5", "dataset=mnist"]), resolve=False)
+        cfg = {**cfg, "model": lenet, "dataset": {"input_shape": [1, 28, 28]}}
+        [r] = rates[("cpu", cost.work_key(cfg), "")]
+        got[option] = r.images_per_s
+    assert got == {"sgvb": 6900.0, "bbb_flipout": 4400.0, "sgvb_lrt": 5000.0}
 
 
 def test_a_paper_cell_gets_its_verdict_when_all_its_seeds_are_in_and_the_board_counts_it(tmp_path, monkeypatch):

@@ -143,10 +143,24 @@ def pair_keys() -> dict[str, dict]:
     return {f"{mn}+{fn}": {"method": mk, "flatness": fk} for mn, mk in ms.items() for fn, fk in fs.items()}
 
 
+#: keys that change what one training step costs within one class, so the cost estimates key on them too: SGVB's
+#: estimator (bbb_flipout, sgvb_lrt and sgvb are one class; flipout runs a second product per layer)
+WORK_KEYS = ("estimator",)
+
+
+def work_class(group: dict | None) -> str:
+    """A config group's class as the cost estimates match runs to measured rows: its ``_target_``'s class name, with
+    the :data:`WORK_KEYS` it sets (``SGVB[estimator=flipout]``)."""
+    group = group or {}
+    name = str(group.get("_target_", "")).rsplit(".", 1)[-1]
+    extra = ",".join(f"{k}={group[k]}" for k in WORK_KEYS if group.get(k) is not None)
+    return f"{name}[{extra}]" if extra else name
+
+
 @functools.cache
 def pair_classes() -> dict[str, tuple[str, str, int]]:
-    """Every row label -> (method class, flatness class, m-sharpness split) of what the row builds: how the cost
-    estimates (flatbnn/reproduce/cost.py) match a measured row to a run config. m as a run config gives it: the
-    flatness option's, else the method's own (bsam's 8), else 1."""
-    return {label: (k["method"]["_target_"].rsplit(".", 1)[-1], k["flatness"]["_target_"].rsplit(".", 1)[-1],
+    """Every row label -> (method class, flatness class, m-sharpness split) of what the row builds (classes as
+    :func:`work_class` names them): how the cost estimates (flatbnn/reproduce/cost.py) match a measured row to a run
+    config. m as a run config gives it: the flatness option's, else the method's own (bsam's 8), else 1."""
+    return {label: (work_class(k["method"]), work_class(k["flatness"]),
                     int(k["flatness"].get("m") or k["method"].get("m") or 1)) for label, k in pair_keys().items()}

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from flatbnn.bench.variants import work_class
 from flatbnn.resources import CONFIGS_DIR
 from flatbnn.reproduce.spec import REPO
 
@@ -205,10 +206,11 @@ def _input_shape(ds: dict) -> list:
 
 def work_key(cfg: dict) -> tuple:
     """What a throughput depends on, of a run config (a composed config as a dict, or a config_resolved.yaml):
-    (network, method class, flatness class, m-sharpness split, precision)."""
+    (network, method class, flatness class, m-sharpness split, precision), the classes with the keys that change a
+    step's cost within one (bench/variants.work_class: SGVB's estimator)."""
     method, flat = cfg.get("method") or {}, cfg.get("flatness") or {}
     m = flat.get("m") or method.get("m") or 1
-    return (_network(cfg.get("model") or {}, _input_shape(cfg.get("dataset") or {})), _target_class(method), _target_class(flat), int(m),
+    return (_network(cfg.get("model") or {}, _input_shape(cfg.get("dataset") or {})), work_class(method), work_class(flat), int(m),
             str((cfg.get("trainer") or {}).get("precision", "fp32")))
 
 

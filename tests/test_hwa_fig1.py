@@ -38,6 +38,7 @@ def _write_curves(out, row):
                                          f"{split}/nll": 1.5 - 0.1 * epoch, f"{split}/accuracy": acc + 0.05}))
                 expected.setdefault((dataset, method, epoch), []).append(acc)
             (rd / "metrics.jsonl").write_text("\n".join(lines) + "\n" + '{"epoch": 4, "train/lo')  # a cut line
+            (rd / "results.json").write_text(json.dumps({"metrics": {"accuracy": acc + 0.05}}))  # finished
     return expected
 
 
@@ -58,6 +59,19 @@ def test_curves_are_the_mean_and_std_over_seeds_per_epoch(tmp_path):
     assert data["cifar10"]["test/accuracy|val/accuracy"]["hwa"]["key"] == "test/accuracy"
     # train/loss = 2/epoch + seed: mean over seeds 0, 1, 2 -> 2/epoch + 1
     assert data["cifar10"]["train/loss"]["sgld"]["mean"] == pytest.approx([3.0, 2.0, 2.0 / 3 + 1])
+
+
+def test_a_run_not_finished_is_not_drawn(tmp_path):
+    """A running or interrupted run (a curve, no results.json) is no seed of the figure: its first epochs would
+    join the mean there and the legend would count it (hwa_fig1 at paper scale drew BBB n=4 with 2 of 5 done)."""
+    row = _hwa_row([0, 1, 2])
+    _write_curves(tmp_path, row)
+    rd = tmp_path / "mnist" / "bbb_flipout" / "seed2"
+    (rd / "results.json").unlink()
+    (rd / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "train/accuracy": 9.0}) + "\n")
+    d = curve_data(row, "smoke", tmp_path, row.compare["figures"][0])["mnist"]["train/accuracy"]
+    assert d["bbb_flipout"]["seeds"] == 2 and max(d["bbb_flipout"]["mean"]) < 1
+    assert d["hwa"]["seeds"] == 3
 
 
 def test_the_comparison_draws_the_hwa_curves_png(tmp_path):

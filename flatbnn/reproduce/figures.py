@@ -76,11 +76,15 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def curve_data(row: Row, scale: str, out: Path, spec: dict, archive_root: Path | None = None) -> dict:
-    """{facet: {metric: {line: {"epochs": [...], "mean": [...], "std": [...], "seeds": n, "key": used key}}}}."""
+    """{facet: {metric: {line: {"epochs": [...], "mean": [...], "std": [...], "seeds": n, "key": used key}}}} over
+    the finished runs (a results.json beside the curve): a running or interrupted run's first epochs would join the
+    mean as a seed of the early epochs only."""
     facet_axis, line_axis = spec.get("rows"), spec["lines"]
     per = {}  # (facet, metric, line) -> {epoch: [values over seeds]}, plus the key actually used
     keys_used = {}
     for values, _seed, rd in _runs(row, scale, out, archive_root):
+        if not (rd / "results.json").exists():
+            continue
         records = _read_jsonl(rd / "metrics.jsonl")
         if not records:
             continue

@@ -248,7 +248,7 @@ def test_a_benchmark_row_prices_only_the_runs_that_take_its_path_of_the_m_parts(
 
 def test_the_sgvb_estimators_share_a_class_but_not_a_measured_rate(tmp_path):
     """bbb_flipout (HWA's baseline), sgvb_lrt and sgvb are one class (SGVB) whose estimator changes a step's work
-    (flipout: a second product per layer; 18 vs 29 ms on LeNet-5 at batch 128, one CPU thread): rows of each in one
+    (flipout: a second product per layer; 18 vs 28 ms on LeNet-5 at batch 128, one CPU thread): rows of each in one
     benchmark file price each option's runs at its own rate -- keyed by class alone, the last row read priced all
     three -- and a run config composed from the option matches the row the benchmark built from it."""
     bench = tmp_path / "bench"

@@ -30,6 +30,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from flatbnn.bench.variants import target_class
+
 CHECK_STEPS = 5
 TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2}  # drift (module docstring) always allowed, whatever the floor
 FLOOR_FACTOR = 10.0  # drift allowed per unit of the one-ulp floor (CPU, full size: rounding 0.5x, a frozen lr 77x)
@@ -422,10 +424,6 @@ def _img_s(report: dict, name: str) -> float:
     return float((report["paths"].get(name) or {}).get("img_s") or 0.0)
 
 
-def _cls(group) -> str:
-    return str((group or {}).get("_target_", "")).rsplit(".", 1)[-1] if group is not None else ""
-
-
 def cpu_step_overrides(cfg) -> list[str]:
     """A CPU campaign cell's step path (no self-check needed: the rule is measured on the CPU). SAM m > 1 on a net of
     nn.Linear layers only, without dropout, takes ``flatness.batched_chunks=true``: there that is the low-rank path
@@ -442,7 +440,7 @@ def cpu_step_overrides(cfg) -> list[str]:
     from flatbnn.nn.parts_linear import linear_layers
 
     flat = cfg.get("flatness") or {}
-    if _cls(flat) != "SAM" or int(flat.get("m", 1) or 1) <= 1 or "batched_chunks" not in flat \
+    if target_class(flat) != "SAM" or int(flat.get("m", 1) or 1) <= 1 or "batched_chunks" not in flat \
             or flat.get("batched_chunks"):
         return []
     try:
@@ -466,8 +464,8 @@ def step_overrides(cfg, report: dict, cuda: bool, compile_cache: str | None = No
     (``sam_m8_batched``); trainer.compile with the graph where ``compiled`` beat it by COMPILE_GAIN. Every other cell
     keeps its eager step. Graph and compile need CUDA; batched chunks run anywhere (the dry run's jobs use them)."""
     usable = set(report.get("usable") or [])
-    method, optimizer, flat = _cls(cfg.get("method")), _cls(cfg.get("optimizer")), cfg.get("flatness") or {}
-    flat_cls = _cls(flat)
+    method, optimizer, flat = target_class(cfg.get("method")), target_class(cfg.get("optimizer")), cfg.get("flatness") or {}
+    flat_cls = target_class(flat)
     out = []
     if flat_cls == "SAM" and int(flat.get("m", 1) or 1) > 1 and "batched_chunks" in flat and "sam_m8_batched" in usable:
         out.append("flatness.batched_chunks=true")

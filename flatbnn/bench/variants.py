@@ -148,13 +148,17 @@ def pair_keys() -> dict[str, dict]:
 WORK_KEYS = ("estimator",)
 
 
+def target_class(group) -> str:
+    """The class name a config group's ``_target_`` names (``flatbnn.methods.sgvb.SGVB`` -> ``SGVB``; "" for none)."""
+    return str((group or {}).get("_target_", "")).rsplit(".", 1)[-1]
+
+
 def work_class(group: dict | None) -> str:
-    """A config group's class as the cost estimates match runs to measured rows: its ``_target_``'s class name, with
-    the :data:`WORK_KEYS` it sets (``SGVB[estimator=flipout]``)."""
+    """A config group's class as the cost estimates match runs to measured rows: :func:`target_class`, with the
+    :data:`WORK_KEYS` it sets (``SGVB[estimator=flipout]``)."""
     group = group or {}
-    name = str(group.get("_target_", "")).rsplit(".", 1)[-1]
     extra = ",".join(f"{k}={group[k]}" for k in WORK_KEYS if group.get(k) is not None)
-    return f"{name}[{extra}]" if extra else name
+    return f"{target_class(group)}[{extra}]" if extra else target_class(group)
 
 
 @functools.cache

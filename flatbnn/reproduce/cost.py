@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from flatbnn.bench.variants import work_class
+from flatbnn.bench.variants import target_class, work_class
 from flatbnn.resources import CONFIGS_DIR
 from flatbnn.reproduce.spec import REPO
 
@@ -100,10 +100,6 @@ def _linear_only(model_json: str, shape: tuple[int, ...]) -> bool:
     return row_linear_layers(module, params, torch.zeros(2, *shape)) is not None
 
 
-def _target_class(group_cfg) -> str:
-    return str((group_cfg or {}).get("_target_", "")).rsplit(".", 1)[-1]
-
-
 def passes_per_step(cfg) -> int:
     """Forward/backward passes of one training step of a composed config: what its flatness and method classes
     declare (``passes``: SAM and its subclasses 2, bSAM and VSAM 2, the rest 1). A method that perturbs the weights
@@ -165,7 +161,7 @@ def run_cost(cfg) -> RunCost:
     model_json = json.dumps(OmegaConf.to_container(cfg.model, resolve=True), sort_keys=True)
     n_train, n_test = split_sizes(ds)
     method = cfg.method
-    return RunCost(network=str(cfg.model.get("name", _target_class(cfg.model))), dataset=str(ds.name),
+    return RunCost(network=str(cfg.model.get("name", target_class(cfg.model))), dataset=str(ds.name),
                    forward_flops=_network_flops(model_json, shape), train_images=n_train,
                    test_images=n_test, epochs=int(cfg.trainer.epochs), passes=passes_per_step(cfg),
                    members=int(method.get("num_members") or 1),
@@ -193,7 +189,7 @@ NETWORK_KEYS = ("depth", "widen_factor", "hidden", "variant", "stage_blocks")  #
 
 def _network(model: dict, input_shape) -> str:
     """A network's identity across configs: name, size keys, input shape (e.g. 'wrn-28-2@3x32x32')."""
-    parts = [str(model.get("name") or _target_class(model))]
+    parts = [str(model.get("name") or target_class(model))]
     parts += [str(model[k]) for k in NETWORK_KEYS if model.get(k) is not None]
     return "-".join(parts).replace(" ", "") + "@" + "x".join(str(int(s)) for s in input_shape or [])
 

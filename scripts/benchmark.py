@@ -480,6 +480,9 @@ def markdown(result: dict) -> str:
         col = f"{r['collect_ms']:.3f}" if "collect_ms" in r else ""
         lines.append(f"| {name} | {r['kind']} | {r['step_ms_median']:.3f} | {r['step_ms_min']:.3f} | "
                      f"{r['step_ms_max']:.3f} | {r['spread']:.1%} | {ips} | {col} |")
+    taken = {name: r["parts_path"] for name, r in result["rows"].items() if r.get("parts_path")}
+    if taken:
+        lines += ["", "m parts ran as: " + "; ".join(f"{k} {v}" for k, v in taken.items())]
     if result["ratios"]:
         lines += ["", "| ratio (median step times, this run) | value | issue-17 target (GPU) |", "|---|---:|---:|"]
         for name, r in result["ratios"].items():
@@ -624,6 +627,8 @@ def main(argv=None) -> dict:
     rows = summarise(times, kinds, args)
     for pair, method in methods.items():
         rows[pair].update(method=pair.split("+")[0], flatness=pair.split("+")[1])
+        if getattr(method, "parts_taken", None):  # how bSAM's / VOGN's m parts ran (loop / linear / vmap): what the
+            rows[pair]["parts_path"] = ",".join(sorted(method.parts_taken))  # cost estimates key this row by
         if isinstance(method, SWAG):
             _sync(device)
             t0 = time.perf_counter()

@@ -246,6 +246,36 @@ def test_a_benchmark_row_prices_only_the_runs_that_take_its_path_of_the_m_parts(
     assert rate("some-gpu", {**bsam, "batched_parts": False}, none) == 900.0
 
 
+def test_a_measured_step_is_priced_by_the_path_it_took_not_by_todays_rule(tmp_path):
+    """A benchmark row of ``batched_parts=auto`` (or a finished run) that recorded how its m parts ran is keyed by
+    that path: the rule changes (VOGN's auto took the vmap parts on a CPU conv net until 2026-11-30, the loop since),
+    and today's rule applied to an older measurement would price the loop at the batched step's rate (LeNet-5:
+    144 ms batched vs 105 loop). A row that recorded nothing takes today's rule."""
+    assert [cost.taken_path(r) for r in ("loop", "vmap", "linear", "linear,loop", "", None)] == \
+        ["loop", "batched", "batched", None, None, None]
+    lenet = yaml.safe_load((cost.CONFIGS_DIR / "model" / "lenet5.yaml").read_text())
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    for day, rows in (("2026-11-29", {"vogn_m8+none": {"images_per_s": 1400.0, "parts_path": "vmap"}}),
+                      ("2026-11-30", {"bsam+none": {"images_per_s": 1800.0}})):
+        (bench / f"cpu-{day}.json").write_text(json.dumps({
+            "date": f"{day}T08:00:00+00:00", "device": {"type": "cpu", "slug": "cpu"},
+            "settings": {"model": "lenet5", "input_shape": [1, 28, 28], "precision": "fp32", "batch_size": 200},
+            "rows": {k: {"kind": "step", **v} for k, v in rows.items()}}))
+    cost._measured_rates.cache_clear()
+    rates = cost.measured_rates(bench, tmp_path / "none")
+
+    def cfg(target, **keys):
+        return {"model": lenet, "dataset": {"input_shape": [1, 28, 28]}, "trainer": {"precision": "fp32"},
+                "method": {"_target_": target, "m": 8, "batched_parts": "auto", **keys},
+                "flatness": {"_target_": "flatbnn.flatness.NoFlatness"}}
+    vogn, bsam = cfg("flatbnn.methods.vogn.VOGN"), cfg("flatbnn.methods.bsam.BSAM")
+    assert cost.parts_path(vogn, "cpu") == "loop"  # today's rule on a conv net
+    assert ("cpu", cost.work_key(vogn), "loop") not in rates  # the vmap step does not price the loop
+    assert [r.images_per_s for r in rates[("cpu", cost.work_key(vogn), "batched")]] == [1400.0]
+    assert [r.images_per_s for r in rates[("cpu", cost.work_key(bsam), "loop")]] == [1800.0]  # nothing recorded
+
+
 def test_the_sgvb_estimators_share_a_class_but_not_a_measured_rate(tmp_path):
     """bbb_flipout (HWA's baseline), sgvb_lrt and sgvb are one class (SGVB) whose estimator changes a step's work
     (flipout: a second product per layer; 18 vs 28 ms on LeNet-5 at batch 128, one CPU thread): rows of each in one

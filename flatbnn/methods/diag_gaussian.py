@@ -40,17 +40,17 @@ def batch_size(batch) -> int:
     return int(first.shape[0])
 
 
-def batched_by_default(device: torch.device, batched_on_cpu: bool = False, linear_only: bool = False) -> bool:
-    """``batched_parts=auto``: batched on a GPU; on a CPU where the method measured faster batched (``batched_on_cpu``)
-    or every parameter is a Linear's (``linear_only``: the parts-Linear path, flatbnn/nn/parts_linear.py).
-    Why, measured (issue 52): on a GPU the small nets' step is bound by kernel launches, and the batched step launches
-    several times fewer (tests/test_kernel_counts.py); on one CPU thread the vmap path is slower than the loop for bSAM
-    (and SAM's batched chunks), faster for VOGN on the MNIST MLP (results/bench/loaded-cpu/cpu-2026-11-28-mnist-mlp-b200.md;
-    on the classic LeNet-5 at 3x32x32 batched was 5-8 % faster for all three, within that loaded machine's noise, but
-    on the bSAM LeNet-5 at 1x28x28, quiet, VOGN's loop was 27 % faster:
-    results/bench/cpu-2026-11-29-fashion_mnist-lenet5bsam-b200.md, which bsam_t6 sets per cell); the parts-Linear path
-    is faster than the loop for both on the MLP (results/bench/cpu-2026-11-29-mnist-mlp-b200-partslinear.md)."""
-    return device.type == "cuda" or batched_on_cpu or linear_only
+def batched_by_default(device: torch.device, linear_only: bool = False) -> bool:
+    """``batched_parts=auto``: batched on a GPU; on a CPU only where every parameter is a Linear's (``linear_only``: the
+    parts-Linear path, flatbnn/nn/parts_linear.py), the loop elsewhere. Why, measured (issue 52): on a GPU the small
+    nets' step is bound by kernel launches, and the batched step launches several times fewer
+    (tests/test_kernel_counts.py); on one CPU thread the parts-Linear path beats the loop for bSAM and VOGN on the MNIST
+    MLP (results/bench/cpu-2026-11-29-mnist-mlp-b200-partslinear.md), and on every conv net measured quiet the
+    ``torch.func.vmap`` parts are slower than the loop, for both methods (and SAM's batched chunks): VOGN m = 8 95 vs
+    118 ms on the classic LeNet-5 at 3x32x32, 75 vs 78 at 1x28x28, 2.32 vs 2.64 s on ResNet-20-FRN at batch 128
+    (results/bench/cpu-2026-11-30-*-parts-paths.md), 105 vs 144 ms on the bSAM LeNet-5
+    (results/bench/cpu-2026-11-29-fashion_mnist-lenet5bsam-b200-2339ebe.md)."""
+    return device.type == "cuda" or linear_only
 
 
 class DiagonalGaussianMethod(Method):
@@ -58,8 +58,6 @@ class DiagonalGaussianMethod(Method):
     own_perturbation = True
     min_num_samples = 0  # num_samples=0 predicts with the mean
     predict_keys = Method.predict_keys + ("eval_seed",)
-    #: ``batched_parts=auto`` on a CPU: whether the batched parts measured faster than the loop (batched_by_default)
-    batched_on_cpu = False
 
     def __init__(self, num_samples: int = 32, n_data_factor: float = 1.0, eval_seed: int = 1,
                  batched_parts: str | bool = "auto"):
@@ -141,14 +139,13 @@ class DiagonalGaussianMethod(Method):
         if self.batched_parts is not False:
             self.check_batched(backprop.scaler is not None)  # true where it cannot run: one line
             why = self.batched_refusal(backprop.scaler is not None)  # before the probe forward: DDP, BatchNorm, ...
-            if why is not None and batched_by_default(self.ctx.device, self.batched_on_cpu):
+            if why is not None and batched_by_default(self.ctx.device):
                 self.note_once(f"method={self.name}: the m parts run one after another (batched_parts=auto): {why}")
         if self.batched_parts is False or why is not None:
             self.parts_taken.add("loop")
             return "loop"
         linear = self.parts_linear_layers(self.parameters(), backprop, batch[0])
-        if self.batched_parts == "auto" and not batched_by_default(self.ctx.device, self.batched_on_cpu,
-                                                                   linear is not None):
+        if self.batched_parts == "auto" and not batched_by_default(self.ctx.device, linear is not None):
             self.parts_taken.add("loop")
             return "loop"
         path = "vmap" if linear is None else "linear"

@@ -63,9 +63,6 @@ SUM_GRAD_SQUARED = ("layers", "per_example")
 
 class VOGN(DiagonalGaussianMethod):
     name = "vogn"
-    # one thread, MNIST MLP b200, m = 8, one process: vmap-batched 435 ms vs the loop 518 ms (loaded machine; bSAM's
-    # vmap parts measured slower than its loop, 1181 vs 866 ms): results/bench/loaded-cpu/cpu-2026-11-28-mnist-mlp-b200.md
-    batched_on_cpu = True
 
     def __init__(self, lr: float = 1e-2, beta1: float = 0.9, beta2: float = 0.999, m: int = 1,
                  prior_precision: float = 1.0, n_data_factor: float = 1.0, damping: float = 1e-3,

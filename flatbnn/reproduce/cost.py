@@ -213,8 +213,7 @@ def work_key(cfg: dict) -> tuple:
 def parts_path(cfg: dict, device: str) -> str:
     """How a step with m-sharpness parts (m > 1) runs them on ``device`` (a slug): "batched" or "loop"; "" for m = 1.
     A method that perturbs the weights itself (bSAM, VOGN) says it (``batched_parts``; auto: batched on a GPU, on a
-    CPU where its class measured faster batched or the network is Linear-only, methods/diag_gaussian.batched_by_default),
-    a flatness variant by
+    CPU where the network is Linear-only, methods/diag_gaussian.batched_by_default), a flatness variant by
     ``batched_chunks``. The two paths of one pair differ up to 3.6x (SAM m = 8 on the MNIST MLP, one CPU thread:
     78 vs 22 ms), so a benchmark row prices only the runs that take its path."""
     method, flat = cfg.get("method") or {}, cfg.get("flatness") or {}
@@ -224,13 +223,8 @@ def parts_path(cfg: dict, device: str) -> str:
         want = method["batched_parts"]
         if str(want) == "auto":  # the methods' own rule, on the device the slug names
             import torch
-            from hydra.utils import get_class
 
             from flatbnn.methods.diag_gaussian import batched_by_default
-            try:
-                on_cpu = bool(getattr(get_class(str(method.get("_target_"))), "batched_on_cpu", False))
-            except Exception:  # noqa: BLE001 - a class that no longer imports: its runs' path is unknown, say loop
-                on_cpu = False
             try:  # the model's interpolations (${dataset.num_classes}, ...) resolved against the whole config (the
                 # class count, where a partial config lacks it, does not change which layers hold the parameters)
                 from omegaconf import OmegaConf
@@ -241,9 +235,20 @@ def parts_path(cfg: dict, device: str) -> str:
                                       tuple(int(s) for s in _input_shape(cfg.get("dataset") or {})))
             except Exception:  # noqa: BLE001 - no model, or one that no longer builds: priced as not Linear-only
                 linear = False
-            want = batched_by_default(torch.device("cpu" if device == "cpu" else "cuda"), on_cpu, linear)
+            want = batched_by_default(torch.device("cpu" if device == "cpu" else "cuda"), linear)
         return "batched" if want is True or str(want).lower() == "true" else "loop"
     return "batched" if flat.get("batched_chunks") in (True, "true", "True") else "loop"
+
+
+def taken_path(recorded: str | None) -> str | None:
+    """The path a measured step or run DID take ("loop" / "batched"), from what it recorded (a benchmark row's or
+    results.json's ``parts_path``: loop, linear, vmap, comma-joined); None where it recorded none or took both (a
+    resume across a rule change). It beats :func:`parts_path`, which applies TODAY's rule to the config: an ``auto``
+    measured under an older rule may have taken the other path."""
+    taken = set(filter(None, str(recorded or "").split(",")))
+    if taken == {"loop"}:
+        return "loop"
+    return "batched" if taken and "loop" not in taken else None
 
 
 @dataclass(frozen=True)
@@ -293,7 +298,8 @@ def _measured_rates(bench_dir: Path, records_root: Path) -> dict[tuple, list[Rat
             if r.get("kind") != "step" or label not in pairs or not r.get("images_per_s"):
                 continue
             cls, keys = pairs[label]
-            key = (slug, (net, *cls, str(st.get("precision", "fp32"))), parts_path({**keys, **bench_model}, slug))
+            key = (slug, (net, *cls, str(st.get("precision", "fp32"))),
+                   taken_path(r.get("parts_path")) or parts_path({**keys, **bench_model}, slug))
             rate = Rate(float(r["images_per_s"]), f"measured: {f.relative_to(REPO) if f.is_relative_to(REPO) else f} "
                         f"{label} step, batch {st.get('batch_size')}", True)
             if key not in newest or str(b.get("date")) >= newest[key][0]:
@@ -312,7 +318,7 @@ def _measured_rates(bench_dir: Path, records_root: Path) -> dict[tuple, list[Rat
             continue
         hw = meta.get("hardware") or {}
         slug = device_slug(hw.get("gpu") if hw.get("device") == "cuda" else "cpu")
-        key = (slug, work_key(cfg), parts_path(cfg, slug))
+        key = (slug, work_key(cfg), taken_path((meta.get("method") or {}).get("parts_path")) or parts_path(cfg, slug))
         # a run that finished before the newest benchmark of its step on its device is superseded by it: the step
         # may have been made faster since (VOGN's 607 -> 88 ms a step on the MNIST MLP), and a stale whole-run rate
         # would price today's cells at yesterday's code; runs after it join its median

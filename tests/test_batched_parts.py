@@ -80,9 +80,9 @@ def test_batched_parts_refusals_in_one_line_and_auto_takes_the_loop(capsys):
 @pytest.mark.parametrize("method", list(METHODS))
 def test_auto_on_a_cpu_loops_on_a_conv_net_and_batches_a_linear_only_one(method):
     """The measured rule (methods/diag_gaussian.batched_by_default): on one CPU thread the vmap parts were slower than
-    the loop on every conv net measured, for both methods (VOGN m = 8: 95 vs 118 ms on the classic LeNet-5 at 3x32x32,
-    2.32 vs 2.64 s on ResNet-20-FRN; results/bench/cpu-2026-11-30-*-parts-paths.md), the parts-Linear path faster on
-    the MLP. VOGN took the vmap parts on a conv net until 2026-11-30 (its class said it measured faster batched)."""
+    the loop (or tied) on every conv net measured, for both methods (VOGN m = 8: 106 vs 128 ms on the classic LeNet-5
+    at 3x32x32, 2.21 vs 2.72 s on ResNet-20-FRN; results/bench/cpu-2026-11-30-*-parts-paths.md), the parts-Linear path
+    faster on the MLP. VOGN took the vmap parts on a conv net until 2026-11-30 (its class said it measured faster batched)."""
     for key, want in (("lenet5", {"loop"}), ("resnet20_frn", {"loop"}), ("mlp", {"linear"})):
         torch.manual_seed(0)
         name, shape, kw = NETS[key]

@@ -46,10 +46,10 @@ def batched_by_default(device: torch.device, linear_only: bool = False) -> bool:
     nets' step is bound by kernel launches, and the batched step launches several times fewer
     (tests/test_kernel_counts.py); on one CPU thread the parts-Linear path beats the loop for bSAM and VOGN on the MNIST
     MLP (results/bench/cpu-2026-11-29-mnist-mlp-b200-partslinear.md), and on every conv net measured quiet the
-    ``torch.func.vmap`` parts are slower than the loop, for both methods (and SAM's batched chunks): VOGN m = 8 95 vs
-    118 ms on the classic LeNet-5 at 3x32x32, 75 vs 78 at 1x28x28, 2.32 vs 2.64 s on ResNet-20-FRN at batch 128
-    (results/bench/cpu-2026-11-30-*-parts-paths.md), 105 vs 144 ms on the bSAM LeNet-5
-    (results/bench/cpu-2026-11-29-fashion_mnist-lenet5bsam-b200-2339ebe.md)."""
+    ``torch.func.vmap`` parts are slower than the loop or tie with it, for both methods (and SAM's batched chunks):
+    VOGN m = 8 106 vs 128 ms on the classic LeNet-5 at 3x32x32, 2.21 vs 2.72 s on ResNet-20-FRN at batch 128, a tie
+    within the noise at 1x28x28 (100 vs 97 ms, rounds spread 30 %; results/bench/cpu-2026-11-30-*-parts-paths.md),
+    105 vs 144 ms on the bSAM LeNet-5 (results/bench/cpu-2026-11-29-fashion_mnist-lenet5bsam-b200-2339ebe.md)."""
     return device.type == "cuda" or linear_only
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -312,6 +313,27 @@ def test_smoke_drops_checkpoints_only_of_finished_jobs_of_rows_nothing_reads(tmp
     assert (launch.run_dir(tmp_path, cell.id, 0) / "results.json").exists()
     assert launch.job_state(tmp_path, cell.id, 0)[0] == "done"
     assert launch.job_state(tmp_path, cell.id, 1)[0] == "interrupted"
+
+
+def test_a_comparison_calls_a_job_a_live_process_trains_running_not_interrupted(tmp_path):
+    """A comparison made while a campaign trains a cell (its run dir locked by a live process, a checkpoint on disk)
+    listed the job as 'interrupted' (bsam_t6's page: 'sam_sgd: interrupted/pending' with seed 0 at epoch 73): it is
+    'running'; once the lock is released, interrupted again."""
+    from flatbnn.engine.lock import RunDirLock
+
+    row = spec.load_row("bsam_t6")
+    cell = next(c for c in row.cells_for("paper") if c.id == "fashion_mnist/lenet5/sam_sgd")
+    d = launch.run_dir(tmp_path, cell.id, 0)
+    (d / "checkpoints").mkdir(parents=True)
+    (d / "checkpoints" / "last.pt").write_bytes(b"x")
+    lock = RunDirLock(d)
+    lock.acquire()
+    try:
+        state, detail = compare.collect(row, "paper", tmp_path)["cells"][cell.id]["states"][0]
+        assert state == "running" and f"pid {os.getpid()}" in detail, (state, detail)
+    finally:
+        lock.release()
+    assert compare.collect(row, "paper", tmp_path)["cells"][cell.id]["states"][0][0] == "interrupted"
 
 
 def test_smoke_runs_the_imagenet_convnets_at_64_px_and_fixed_size_nets_at_their_own():

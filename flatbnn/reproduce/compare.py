@@ -25,7 +25,7 @@ import yaml
 
 from flatbnn.engine.report import CHANCE_SE
 from flatbnn.reproduce import archive, claims, curves
-from flatbnn.reproduce.launch import OUTPUT_ROOT, checks_staleness, job_state, run_dir, stale_detail, stale_run
+from flatbnn.reproduce.launch import OUTPUT_ROOT, checks_staleness, job_state_now, run_dir, stale_detail, stale_run
 from flatbnn.reproduce.protocol import fidelity_summary
 from flatbnn.reproduce.spec import REPO, Row, load_json, load_yaml
 from flatbnn.reproduce.stats import NOISE_ALPHA, SeedStats, is_finite, seed_difference_test, seed_stats
@@ -72,7 +72,7 @@ def collect(row: Row, scale: str, out: Path | None = None, archive_root: Path | 
     for cell in row.cells_for(scale):
         runs, states, chance = [], {}, []
         for seed in cell.seeds:
-            state, detail = job_state(out, cell.id, seed)
+            state, detail = job_state_now(out, cell.id, seed)  # running: a live process holds its run dir
             live = run_dir(out, cell.id, seed)
             d = archive.run_or_record(live, archive_root, row.row, scale, cell.id, seed)
             if d != live:  # the live run dir is gone (or unfinished): its committed record stands in

@@ -589,7 +589,7 @@ def launch(row: Row, scale: str, *, out: Path | None = None, extra: list[str] = 
                 checkpointed = [f"{c.id}/seed{s}" for c, s in stage if _checkpointed_since(out, c.id, s, started)]
                 break
     states = {f"{c.id}/seed{s}": (("done", archived_detail(on_record[c.id, s])) if (c.id, s) in on_record
-                                  else _state_here(out, c.id, s)) for c, s in jobs}
+                                  else job_state_now(out, c.id, s)) for c, s in jobs}
     if scale == "smoke" and not dry_run and not rows_reading(row.row, scale):
         drop_finished_checkpoints(out, jobs)
     summary = {"row": row.row, "scale": scale, "out": str(out), "returncode": rc,
@@ -617,10 +617,10 @@ def _held_elsewhere(out: Path, jobs) -> dict[tuple[str, int], str]:
     return {(c.id, s): who for c, s in jobs if (who := live_holder(run_dir(out, c.id, s)))}
 
 
-def _state_here(out: Path, cell_id: str, seed: int) -> tuple[str, str]:
-    """``job_state``, except that an unfinished job another live process trains now (a second launcher or a campaign on
-    the same --out; this one's member was refused its locked run dir) is ``running``, ``left to pid N ...``: not
-    failed, not this launcher's to finish."""
+def job_state_now(out: Path, cell_id: str, seed: int) -> tuple[str, str]:
+    """``job_state``, except that an unfinished job a live process trains now (a launcher or a campaign on the same
+    --out) is ``running``, ``left to pid N ...``: not failed, not interrupted, not this launcher's to finish (and a
+    comparison made meanwhile says so)."""
     state = job_state(out, cell_id, seed)
     if state[0] == "done":
         return state

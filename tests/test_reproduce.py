@@ -236,6 +236,31 @@ def test_all_with_jobs_runs_train_then_eval_then_script_rows_each_stage_in_paral
     assert rc == 1
 
 
+def test_a_script_row_runs_into_the_out_its_comparison_reads(tmp_path, monkeypatch):
+    """``run vsam_fig1 --scale paper --out X`` ran the script into outputs/reproduce/vsam_fig1/paper while the comparison
+    read X: its page said 'no finished runs yet' beside a finished run (2026-11-30). The script writes into X, {runs}
+    is X's root where X is <root>/<row>/<scale>, and launch.json lies beside it."""
+    from flatbnn.reproduce import cli
+    from flatbnn.reproduce import scripts as row_scripts
+
+    row = spec.load_row("vsam_fig1")
+    script = {"paper": "{python} -c \"import pathlib, sys; o = pathlib.Path(sys.argv[1]); o.mkdir(parents=True, "
+                       "exist_ok=True); (o / 'runs.txt').write_text(sys.argv[2])\" {out} {runs}"}
+    monkeypatch.setattr(row, "script", script)
+    monkeypatch.setattr(cli, "load_row", lambda name: row)
+    monkeypatch.setattr(row_scripts.resources, "CHECKOUT", Path("."))
+    default = tmp_path / "default"
+    monkeypatch.setattr(row_scripts, "OUTPUT_ROOT", default)
+    out = tmp_path / "root" / "vsam_fig1" / "paper"
+    assert cli.main(["run", "vsam_fig1", "--scale", "paper", "--out", str(out), "--no-compare"]) == 0
+    assert (out / "runs.txt").read_text() == str(tmp_path / "root")
+    assert json.loads((out / "launch.json").read_text())["returncode"] == 0
+    assert not default.exists()  # nothing went to the default output root
+    elsewhere = tmp_path / "scratch"  # not <root>/<row>/<scale>: the other rows' runs stay at the default root
+    assert row_scripts.run_script_row(row, "paper", out=elsewhere) == 0
+    assert (elsewhere / "runs.txt").read_text() == str(default)
+
+
 def test_out_sweeps_elsewhere_and_keeps_its_comparison_out_of_the_committed_tables(tmp_path, monkeypatch):
     """``run ROW --out DIR`` used to write its comparison over the committed results/reproduce/<row>/; and ``all
     --out DIR`` swept every row into the one DIR, where cells of the same id (bSAM T1 / T5) collide."""
@@ -246,7 +271,7 @@ def test_out_sweeps_elsewhere_and_keeps_its_comparison_out_of_the_committed_tabl
     fake = lambda row, scale, out=None, **kw: seen.append(("sweep", row.row, out)) or {"jobs": {}, "returncode": 0}
     monkeypatch.setattr(launch, "launch", fake)
     monkeypatch.setattr(launch, "launch_eval", fake)
-    monkeypatch.setattr(row_scripts, "run_script_row", lambda row, scale, dry_run=False: 0)
+    monkeypatch.setattr(row_scripts, "run_script_row", lambda row, scale, dry_run=False, out=None: 0)
     monkeypatch.setattr(compare_markdown, "write_comparison",
                         lambda row, scale, out=None, dest=None, **kw: seen.append(("table", row.row, dest)) or tmp_path)
     monkeypatch.setattr(status, "write_status", lambda: seen.append(("board",)) or "STATUS.md")

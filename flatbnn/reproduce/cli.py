@@ -77,7 +77,7 @@ def _run_row(name: str, args, extra: list[str]) -> int:
         print(f"reproduce {name}: blocked: {row.blocked}", file=sys.stderr)
         rc = 0
     elif row.kind == "script":
-        rc = row_scripts.run_script_row(row, args.scale, dry_run=args.dry_run)
+        rc = row_scripts.run_script_row(row, args.scale, dry_run=args.dry_run, out=out)
     else:
         if row.kind == "train":  # a bad override after --: one line now, not a failure in every job
             launch.check_extra([c for c in row.cells_for(args.scale) if not c.blocked], extra)

@@ -2,7 +2,7 @@
 
 The spec's ``script: {<scale>: "<shell command with {out}, {python} and {runs} (the reproduction output root,
 where other rows' runs are)>"}``; the command runs from the repository
-root and writes into ``{out}`` = ``outputs/reproduce/<row>/<scale>/`` (committed figures live where the
+root and writes into ``{out}`` = ``outputs/reproduce/<row>/<scale>/`` or ``run --out``'s dir (committed figures live where the
 spec's ``results:`` note says: ``make reproduce-<toy>`` writes them into ``results/``).
 """
 
@@ -12,20 +12,25 @@ import shlex
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from flatbnn import resources
 from flatbnn.reproduce.launch import OUTPUT_ROOT
 from flatbnn.reproduce.spec import REPO, Row
 
 
-def run_script_row(row: Row, scale: str, dry_run: bool = False) -> int:
+def run_script_row(row: Row, scale: str, dry_run: bool = False, out: Path | None = None) -> int:
+    """Run the row's ``scale`` script into ``out`` (``run --out``; default ``outputs/reproduce/<row>/<scale>``): where
+    the comparison then reads it. ``{runs}``, the root of the other rows' runs, is the root ``out`` lies in when it is
+    ``<root>/<row>/<scale>`` (``all --out ROOT``, a campaign's --out), else the default output root."""
     template = (row.script or {}).get(scale)
     if template is None:
         print(f"reproduce {row.row}: no {scale} script", file=sys.stderr)
         return 0
-    out = OUTPUT_ROOT / row.row / scale
+    out = Path(out) if out is not None else OUTPUT_ROOT / row.row / scale
+    runs = out.parent.parent if (out.name, out.parent.name) == (scale, row.row) else OUTPUT_ROOT
     cmd = template.format(out=shlex.quote(str(out)), python=shlex.quote(sys.executable),
-                          runs=shlex.quote(str(OUTPUT_ROOT)))
+                          runs=shlex.quote(str(runs)))
     print(f"reproduce {row.row} ({scale}): {cmd}", file=sys.stderr)
     if dry_run:
         return 0

@@ -120,3 +120,25 @@ def test_twomoons_bsam_predictive_is_more_uncertain_than_its_mean():
     h_samples = binary_entropy(predictive(method, grid, num_samples=16)).mean()
     h_mean = binary_entropy(predictive(method, grid)).mean()
     assert np.isfinite(h_samples) and h_samples > h_mean
+
+
+def test_a_toys_own_checks_reach_its_page(tmp_path):
+    """A toy row's page showed the figure but not the script's reading (bSAM's logistic regression: closest predictive
+    to the exact posterior, yet not the closest Gaussian by KL or W2 -- only in summary.json). The script writes
+    checks.md (flatbnn/tools/checks_md.py) and the row includes it: the page carries each check's value."""
+    from flatbnn.reproduce import compare, compare_markdown, spec
+    from flatbnn.tools.checks_md import fmt, write_checks
+
+    assert [fmt(v) for v in (True, False, 0.0067990854, 3, "bsam", [0.0068, 0.02915], {"a": 1})] == \
+        ["yes", "no", "0.006799", "3", "bsam", "0.0068, 0.02915", '{"a": 1}']
+    for name in ("bsam_logreg", "bsam_twomoons", "vsam_fig1"):
+        row = spec.load_row(name)
+        out = tmp_path / name / "paper"
+        out.mkdir(parents=True)
+        (out / "launch.json").write_text(json.dumps({"row": name, "scale": "paper", "command": "x", "returncode": 0,
+                                                     "seconds": 1.0, "git": {"commit": "0" * 40, "dirty": False}}))
+        write_checks(out / "checks.md", "Our checks", "budget line", {"bsam_closest_predictive": True},
+                     tables=[("caption", ["method", "W2"], [["bsam", 0.23863753]])])
+        md = compare_markdown.to_markdown(compare.build(row, "paper", out))
+        assert "## The analysis (`checks.md`)" in md, name
+        assert "| bsam_closest_predictive | yes |" in md and "| bsam | 0.2386 |" in md, name

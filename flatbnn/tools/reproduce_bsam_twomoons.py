@@ -28,6 +28,7 @@ import torch  # noqa: E402
 
 from flatbnn.metrics.reliability import save_png  # noqa: E402
 from flatbnn.engine.provenance import git_commit, hardware  # noqa: E402
+from flatbnn.tools.checks_md import write_checks  # noqa: E402
 from flatbnn.toys.twomoons import (  # noqa: E402
     BATCH, BSAM_HP, DELTA, N_DATA, SAM_HP, binary_entropy, make_data, predictive, train_bsam, train_sam,
 )
@@ -132,6 +133,13 @@ def main(argv=None):
         "claims": claim,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    git = summary["header"]["git"]
+    cols = ["train_accuracy", "entropy_far", "entropy_near", "fraction_far_confident_(p<0.05_or_>0.95)"]
+    write_checks(out / "checks.md", "Our checks (bSAM App. F.2, two moons)",
+                 f"{summary['header']['budget']}; commit {git['commit'][:8]}{' (dirty tree)' if git.get('dirty') else ''}",
+                 claim, tables=[(f"Mean over the {len(seeds)} seeds (predictive entropy in nats; far: more than "
+                                 f"{args.far} from every training point; bsam_mean: bSAM's mean weights alone).",
+                                 ["method", *cols], [[k, *(v.get(c) for c in cols)] for k, v in mean.items()])])
     print("mean over seeds:", json.dumps(mean))
     print("claims:", json.dumps(claim))
     print(f"wrote {out / 'summary.json'} and {out / 'fig6_twomoons.png'} in {summary['header']['seconds']:.0f}s")

@@ -38,6 +38,7 @@ import torch  # noqa: E402
 
 from flatbnn.metrics.reliability import save_png  # noqa: E402
 from flatbnn.engine.provenance import git_commit  # noqa: E402
+from flatbnn.tools.checks_md import write_checks  # noqa: E402
 from flatbnn.toys.fsam_gaussian import DTYPE, KL_OFFSET_PAPER, GaussianMixtureLoss, find_minima  # noqa: E402
 from flatbnn.toys.smoothing import (  # noqa: E402
     gaussian_smoothed, gaussian_smoothed_mc, sam_first_order, sam_smoothed,
@@ -264,6 +265,19 @@ def main(argv=None):
 
     summary["seconds"] = round(time.time() - t0, 1)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_checks(out / "checks.md", "Our checks (VariationalSAM Fig. 1)",
+                 f"{summary['header']['budget']}; commit {summary['header']['git_commit'][:8]}; rho {rho:g}, Gaussian "
+                 f"std {std:.3f} per coordinate",
+                 {"SAM max >= the original loss everywhere on the grid": sam_ge,
+                  "Gaussian smoothing by quadrature vs Monte Carlo, largest |z| at the check points":
+                      max(abs(c["z"]) for c in checks)},
+                 tables=[("Each landscape's local minima (mu, sigma) and the share of the grid (sigma > rho) that "
+                          "descends to each minimum.",
+                          ["landscape", "local minima", "flat basin", "sharp basin", "other"],
+                          [[k, "; ".join(f"({m['theta'][0]:.2f}, {m['theta'][1]:.2f}) L={m['value']:.4f}"
+                                         for m in v["local_minima"]),
+                            *(v["basin_fraction_sigma_gt_rho"][b] for b in ("flat", "sharp", "other"))]
+                           for k, v in landscapes.items()])])
     print(summary["header"]["budget"], "| commit", summary["header"]["git_commit"][:10], f"| rho={rho:g}, std={std:.3f}")
     for key, v in landscapes.items():
         ms = "; ".join(f"({m['theta'][0]:.2f}, {m['theta'][1]:.2f}) v={m['value']:.4f}" for m in v["local_minima"])

@@ -137,8 +137,9 @@ def test_a_toys_own_checks_reach_its_page(tmp_path):
         out.mkdir(parents=True)
         (out / "launch.json").write_text(json.dumps({"row": name, "scale": "paper", "command": "x", "returncode": 0,
                                                      "seconds": 1.0, "git": {"commit": "0" * 40, "dirty": False}}))
-        write_checks(out / "checks.md", "Our checks", "budget line", {"bsam_closest_predictive": True},
+        write_checks(out / "checks.md", "Our checks", "budget line", {"bsam_closest_predictive": True, "largest |z|": 1.2},
                      tables=[("caption", ["method", "W2"], [["bsam", 0.23863753]])])
         md = compare_markdown.to_markdown(compare.build(row, "paper", out))
         assert "## The analysis (`checks.md`)" in md, name
         assert "| bsam_closest_predictive | yes |" in md and "| bsam | 0.2386 |" in md, name
+        assert "| largest \\|z\\| | 1.2 |" in md, name  # a bar inside a cell is escaped: one row, two cells

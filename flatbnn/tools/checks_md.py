@@ -24,8 +24,9 @@ def fmt(value) -> str:
 
 
 def table(header: list[str], rows: list[list]) -> list[str]:
-    return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-            + ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows])
+    cell = lambda v: fmt(v).replace("|", "\\|")  # noqa: E731 -- a bar inside a cell ('|z|') would split it
+    return (["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+            + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows])
 
 
 def write_checks(path: Path, title: str, budget: str, checks: dict, reading: str = "",

@@ -125,9 +125,9 @@ def test_twomoons_bsam_predictive_is_more_uncertain_than_its_mean():
 def test_a_toys_own_checks_reach_its_page(tmp_path):
     """A toy row's page showed the figure but not the script's reading (bSAM's logistic regression: closest predictive
     to the exact posterior, yet not the closest Gaussian by KL or W2 -- only in summary.json). The script writes
-    checks.md (flatbnn/tools/checks_md.py) and the row includes it: the page carries each check's value."""
+    checks.md (flatbnn/toys/report.py) and the row includes it: the page carries each check's value."""
     from flatbnn.reproduce import compare, compare_markdown, spec
-    from flatbnn.tools.checks_md import fmt, write_checks
+    from flatbnn.toys.report import fmt, write_checks
 
     assert [fmt(v) for v in (True, False, 0.0067990854, 3, "bsam", [0.0068, 0.02915], {"a": 1})] == \
         ["yes", "no", "0.006799", "3", "bsam", "0.0068, 0.02915", '{"a": 1}']

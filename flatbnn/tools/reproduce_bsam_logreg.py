@@ -39,7 +39,7 @@ from matplotlib.patches import Ellipse  # noqa: E402
 
 from flatbnn.metrics.reliability import save_png  # noqa: E402
 from flatbnn.engine.provenance import git_commit, hardware  # noqa: E402
-from flatbnn.tools.checks_md import write_checks  # noqa: E402
+from flatbnn.toys.report import write_checks  # noqa: E402
 from flatbnn.toys.logreg2d import (  # noqa: E402
     exact_posterior, fit_bsam, fit_sam, gaussian_kl, gaussian_w2, laplace, make_data, predictive_gaussian,
     predictive_grid, separation_margin,

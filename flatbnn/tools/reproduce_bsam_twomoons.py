@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from flatbnn.metrics.reliability import save_png  # noqa: E402
 from flatbnn.engine.provenance import git_commit, hardware  # noqa: E402
-from flatbnn.tools.checks_md import write_checks  # noqa: E402
+from flatbnn.toys.report import write_checks  # noqa: E402
 from flatbnn.toys.twomoons import (  # noqa: E402
     BATCH, BSAM_HP, DELTA, N_DATA, SAM_HP, binary_entropy, make_data, predictive, train_bsam, train_sam,
 )

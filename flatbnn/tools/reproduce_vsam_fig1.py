@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 from flatbnn.metrics.reliability import save_png  # noqa: E402
 from flatbnn.engine.provenance import git_commit  # noqa: E402
-from flatbnn.tools.checks_md import write_checks  # noqa: E402
+from flatbnn.toys.report import write_checks  # noqa: E402
 from flatbnn.toys.fsam_gaussian import DTYPE, KL_OFFSET_PAPER, GaussianMixtureLoss, find_minima  # noqa: E402
 from flatbnn.toys.smoothing import (  # noqa: E402
     gaussian_smoothed, gaussian_smoothed_mc, sam_first_order, sam_smoothed,

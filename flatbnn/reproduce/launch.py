@@ -283,6 +283,13 @@ def job_state(out: Path, cell_id: str, seed: int) -> tuple[str, str]:
     return "pending", ""
 
 
+def runs_root_of(out: Path, row: str, scale: str) -> Path | None:
+    """The runs root ``out`` lies in when it is ``<root>/<row>/<scale>`` (``all --out ROOT``, a campaign's --out),
+    where the other rows' runs of that scale sit beside it; None for any other ``out``."""
+    out = Path(out)
+    return out.parent.parent if (out.name, out.parent.name) == (scale, row) else None
+
+
 def _finished_runs_elsewhere(out: Path, scale: str, row_name: str | None = None) -> dict[tuple, Path]:
     """{(seed, training-config key): run dir} of every finished, non-linked run of the OTHER training rows at
     ``scale`` (an eval row's dirs hold re-evaluations, not training runs): their live run dirs under OUTPUT_ROOT
@@ -308,8 +315,9 @@ def _finished_runs_elsewhere(out: Path, scale: str, row_name: str | None = None)
         index.setdefault((_canon(cfg.get("seed")), _canon(config_key(cfg))), run)
 
     roots = [Path(OUTPUT_ROOT)]
-    if Path(out).name == scale and Path(out).parent.parent.resolve() != roots[0].resolve():
-        roots.append(Path(out).parent.parent)  # a runs root of its own (campaign --out): its other rows' runs too
+    own_root = runs_root_of(Path(out).resolve(), this_row, scale)
+    if own_root is not None and own_root != roots[0].resolve():
+        roots.append(own_root)  # a runs root of its own (campaign --out): its other rows' runs too
     for d in sorted(d for root in roots for d in root.glob(f"*/{scale}")):
         if d.resolve() == Path(out).resolve() or d.parent.name not in train_rows:
             continue

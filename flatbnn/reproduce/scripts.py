@@ -15,20 +15,19 @@ import time
 from pathlib import Path
 
 from flatbnn import resources
-from flatbnn.reproduce.launch import OUTPUT_ROOT
+from flatbnn.reproduce.launch import OUTPUT_ROOT, runs_root_of
 from flatbnn.reproduce.spec import REPO, Row
 
 
 def run_script_row(row: Row, scale: str, dry_run: bool = False, out: Path | None = None) -> int:
     """Run the row's ``scale`` script into ``out`` (``run --out``; default ``outputs/reproduce/<row>/<scale>``): where
-    the comparison then reads it. ``{runs}``, the root of the other rows' runs, is the root ``out`` lies in when it is
-    ``<root>/<row>/<scale>`` (``all --out ROOT``, a campaign's --out), else the default output root."""
+    the comparison then reads it. ``{runs}``, the root of the other rows' runs, is launch.runs_root_of(out), else the default output root."""
     template = (row.script or {}).get(scale)
     if template is None:
         print(f"reproduce {row.row}: no {scale} script", file=sys.stderr)
         return 0
     out = Path(out) if out is not None else OUTPUT_ROOT / row.row / scale
-    runs = out.parent.parent if (out.name, out.parent.name) == (scale, row.row) else OUTPUT_ROOT
+    runs = runs_root_of(out, row.row, scale) or OUTPUT_ROOT
     cmd = template.format(out=shlex.quote(str(out)), python=shlex.quote(sys.executable),
                           runs=shlex.quote(str(runs)))
     print(f"reproduce {row.row} ({scale}): {cmd}", file=sys.stderr)

@@ -181,3 +181,35 @@ def test_paper_like_starts_outcomes(loss, minima):
     assert outcome("sam", 4.0) == ["saddle", "saddle", "flat"]
     # ASAM (the paper's other failure case) does reach the flat minimum from both
     assert outcome("asam", 0.4) == ["flat", "flat", "flat"]
+
+
+def test_the_toy_page_judges_its_minima_by_the_papers_printed_digits(tmp_path, minima):
+    """fsam_toy's paper cells are Fig. 1's two minima, which the script computes exactly (one value, no seeds): each
+    metric agrees when it rounds to the paper's printed digits. A minimum off by one printed unit is outside, and the
+    page's table has a verdict column (its header once lost the separator, so the column did not render)."""
+    import json
+
+    from flatbnn.reproduce.compare import build, paper_progress, printed_half_unit
+    from flatbnn.reproduce.compare_markdown import to_markdown
+    from flatbnn.reproduce.spec import load_row
+
+    assert (printed_half_unit(0.51), printed_half_unit(0.001), printed_half_unit(19.85)) == pytest.approx(
+        (0.005, 0.0005, 0.005))
+    row = load_row("fsam_toy")
+    summary = {"minima": {c: {"theta": [float(m["theta"][0]), float(m["theta"][1])], "loss": float(m["loss"]),
+                              "hessian_trace": float(m["hessian_trace"])} for c, m in minima.items()}}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    c = build(row, "paper", out=tmp_path)
+    assert {(r["cell"], r["metric"]): r["verdict"] for r in c["table"]} == {
+        (cell, m): "within" for cell in ("flat", "sharp") for m in ("mu", "sigma", "loss", "hessian_trace")}
+    md = to_markdown(c)
+    head = next(line for line in md.splitlines() if line.startswith("| cell | metric"))
+    body = next(line for line in md.splitlines() if line.startswith("| `flat` | mu"))
+    assert head.count("|") == body.count("|") and "| verdict (printed digits) |" in head
+    assert "2 agree to the paper's printed digits, 0 outside" in md
+
+    summary["minima"]["sharp"]["theta"][1] += 0.01  # 13.4707: rounds to 13.47, not the printed 13.46
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    c = build(row, "paper", out=tmp_path)
+    assert [(r["cell"], r["metric"]) for r in c["table"] if r["verdict"] == "outside"] == [("sharp", "sigma")]
+    assert paper_progress(c)["outside"] == 1

@@ -4,7 +4,9 @@
 reads); flatbnn/reproduce/compare_markdown.py renders it as Markdown and writes both files.
 
 At ``paper`` scale each cell gets a verdict: within the paper's reported spread (|ours - paper| <= 2 sqrt(s_p^2 +
-s_o^2), the seed std of each side) or not; a cell without a printed spread gets none. Below paper scale absolute
+s_o^2), the seed std of each side) or not; a cell without a printed spread gets none, unless the row declares
+``compare.exact`` (a deterministic computation, one value, e.g. a toy's minima): then within = it rounds to the
+paper's printed digits. Below paper scale absolute
 numbers are not comparable (smaller data, net and budget), so only the DIRECTION is checked: for each pair of the
 spec's ``compare.pairs`` (e.g. F-SWAG vs SWAG), is the first better than the second on each metric -- in the paper
 and in ours, and is our difference beyond seed noise (a two-sided 5 % t-test, paired over shared seeds; a
@@ -19,6 +21,7 @@ import fnmatch
 import math
 import os
 from datetime import datetime, timezone
+from decimal import Decimal
 from pathlib import Path
 
 import yaml
@@ -42,10 +45,14 @@ DEFAULT_METRICS = {"accuracy": {"unit": "percent", "better": "higher"}, "nll": {
                    "auroc": {"unit": "fraction", "better": "higher", "results_key": "auroc_misclassification"}}
 
 def _get(d: dict, dotted: str):
+    """The value at ``dotted`` ("minima.flat.theta.0": a list is indexed by an integer part), or None."""
     for part in dotted.split("."):
-        if not isinstance(d, dict) or part not in d:
+        if isinstance(d, list) and part.isdigit() and int(part) < len(d):
+            d = d[int(part)]
+        elif isinstance(d, dict) and part in d:
+            d = d[part]
+        else:
             return None
-        d = d[part]
     return d
 
 
@@ -232,7 +239,7 @@ def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | No
             if st["mean"] is not None:
                 rec["delta"] = st["mean"] - float(printed["mean"])
                 if scale == "paper" and rec["state"] == "done":  # a verdict once every seed of the cell is in
-                    rec["verdict"] = _verdict(rec)
+                    rec["verdict"] = _verdict(rec, exact=bool((row.compare or {}).get("exact")))
                     rec["verdict_seeds"] = st["n"]
             table.append(rec)
     # the paper prints no numbers (lost, or a figure): our cells ranked against each other -- a script row's too
@@ -252,7 +259,7 @@ def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | No
     launch_file = Path(ours["out"]) / "launch.json"
     if row.kind == "script" and launch_file.exists():
         script = load_json(launch_file)
-    return {"script": script, "row": row.row, "paper": row.paper, "title": row.title, "scale": scale, "out": ours["out"],
+    return {"script": script, "exact": bool((row.compare or {}).get("exact")), "row": row.row, "paper": row.paper, "title": row.title, "scale": scale, "out": ours["out"],
             "table": table, "ours_only": ours_only, "extra_table": extra, "direction": direction, "budget": _budget(row, scale, runs),
             "jobs": jobs, "claims": judge_claims(row, pd, table + extra, jobs) if scale != "smoke" else [],
             "failed": {f"{cid}/seed{s}": d for cid, c in ours["cells"].items() for s, (st, d) in c["states"].items()
@@ -305,8 +312,17 @@ def _ours_table(ours: dict, metrics: dict) -> list[dict]:
     return table
 
 
-def _verdict(rec: dict) -> str:
+def printed_half_unit(value: float) -> float:
+    """Half a unit of the last digit ``value`` was printed with (0.51 -> 0.005, 0.001 -> 0.0005): how far an exact
+    value may lie from it and still round to it. Read from the shortest repr of the float the paper file holds, so
+    a printed trailing zero (0.50) is not seen and the check is then one digit looser, never stricter."""
+    return 0.5 * 10.0 ** Decimal(repr(float(value))).as_tuple().exponent
+
+
+def _verdict(rec: dict, exact: bool = False) -> str:
     if rec["paper_std"] is None:
+        if exact and rec["ours_n"] == 1:  # a deterministic computation: it agrees when it rounds to the printed value
+            return "within" if abs(rec["delta"]) <= printed_half_unit(rec["paper_mean"]) * (1 + 1e-9) else "outside"
         return "no spread printed"
     spread = 2.0 * math.sqrt(float(rec["paper_std"]) ** 2 + (rec["ours_std"] or 0.0) ** 2)
     return "within" if abs(rec["delta"]) <= spread else "outside"
@@ -417,7 +433,8 @@ def paper_progress(c: dict) -> dict:
     return {"cells": len(by_cell), "done": len(done),
             "within": sum(1 for v in verdicts.values() if v and "outside" not in v),
             "outside": sum(1 for v in verdicts.values() if "outside" in v),
-            "no_spread": sum(1 for v in verdicts.values() if not v), "numbers_lost": bool(c.get("ours_only"))}
+            "no_spread": sum(1 for v in verdicts.values() if not v), "numbers_lost": bool(c.get("ours_only")),
+            "exact": bool(c.get("exact"))}
 
 
 def finished_runs(comparison: dict) -> int:

@@ -118,14 +118,16 @@ def to_markdown(c: dict) -> str:
         lines += [f"- `{k}`: {v}" for k, v in c["choices"].items()]
     lines += _fidelity_markdown(c)
     if c["table"] and c["scale"] == "paper":
-        lines += ["", f"**Progress: {progress_sentence(paper_progress(c))}** (a cell's verdict comes when all its "
-                      f"seeds are in: outside if any metric is outside the paper's ±2σ)."]
+        rule = ("a deterministic computation: outside if any metric does not round to the paper's printed digits"
+                if c.get("exact") else
+                "a cell's verdict comes when all its seeds are in: outside if any metric is outside the paper's ±2σ")
+        lines += ["", f"**Progress: {progress_sentence(paper_progress(c))}** ({rule})."]
     if c["table"] and c.get("ours_only"):
         lines += _ours_only_markdown(c)
     elif c["table"]:
         head = "| cell | metric | paper | ours (mean ± std over seeds, ddof 1) | Δ | state |"
         if c["scale"] == "paper":
-            head = head[:-1] + " verdict (±2σ) |"
+            head += " verdict (printed digits) |" if c.get("exact") else " verdict (±2σ) |"
         lines += ["", "## Cells", "", head, "|" + "---|" * (head.count("|") - 1)]
         skipped = sorted({r["cell"] for r in c["table"] if r["state"] == NOT_AT_SCALE})
         for r in (r for r in c["table"] if r["state"] != NOT_AT_SCALE):
@@ -280,7 +282,8 @@ def progress_sentence(pr: dict) -> str:
     if pr["numbers_lost"]:
         return s + " (the paper's numbers are lost: no verdicts)"
     if pr["done"]:
-        s += f": {pr['within']} within the paper's spread, {pr['outside']} outside"
+        where = "agree to the paper's printed digits" if pr.get("exact") else "within the paper's spread"
+        s += f": {pr['within']} {where}, {pr['outside']} outside"
         s += f", {pr['no_spread']} without a printed spread" if pr["no_spread"] else ""
     return s
 

@@ -197,6 +197,8 @@ def load_row(name_or_path: str | Path) -> Row:
         _check(bool(row.eval_from.get("row")), path, "an eval row needs eval_from: {row: <the trained row>}")
     for s in row.scales:
         _check(s in SCALES, path, f"unknown scale {s!r} (use {', '.join(SCALES)})")
+    _check(isinstance((row.compare or {}).get("exact", False), bool), path,
+           f"compare.exact must be true or false, got {(row.compare or {}).get('exact')!r}")
     _check((row.compare or {}).get("seed_test") in (None, "paired", "welch"), path,
            f"compare.seed_test must be paired or welch, got {(row.compare or {}).get('seed_test')!r}")
     if row.kind in ("train", "eval"):

@@ -37,7 +37,8 @@ def _scale_state(row, scale: str) -> str:
             return "not run"
         git = (s.get("git") or {})
         ok = "passed" if s.get("returncode") == 0 else f"**failed** (exit {s.get('returncode')})"
-        return f"{ok} @ {str(git.get('commit', '?'))[:8]}{'+dirty' if git.get('dirty') else ''}" + (
+        judged = f"; {_paper_progress(c)}" if scale == "paper" and c.get("table") and not c.get("ours_only") else ""
+        return f"{ok}{judged} @ {str(git.get('commit', '?'))[:8]}{'+dirty' if git.get('dirty') else ''}" + (
             f" ({link})" if scale != "smoke" else "")
     jobs = c.get("jobs") or {}
     total = sum(len(v) for v in jobs.values())

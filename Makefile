@@ -130,21 +130,21 @@ campaign: setup
 		$(if $(MINUTES),--minutes $(MINUTES)) $(if $(GPUS),--gpus $(GPUS)) $(if $(PROCS),--procs $(PROCS)) \
 		$(if $(DATA),--data $(DATA)) $(if $(DRY),--dry-run) $(CAMPAIGN_ARGS) -- $(ARGS)
 
-# 2-D toy reproductions (exact problems, CPU, < 1 min each)
+# 2-D toy reproductions through the runner (exact problems, CPU: vsam_fig1 seconds, fsam_toy ~11 min)
 .PHONY: reproduce-fsam-toy reproduce-vsam-fig1
 reproduce-fsam-toy: setup
-	$(PY) scripts/reproduce_fsam_toy.py --out results/fsam_toy
+	$(PY) scripts/reproduce.py run fsam_toy --scale paper
 
 reproduce-vsam-fig1: setup
-	$(PY) scripts/reproduce_vsam_fig1.py --out results/vsam_fig1
+	$(PY) scripts/reproduce.py run vsam_fig1 --scale paper
 
 # bSAM paper toys (App. F.1 logistic regression with exact posterior, F.2 two moons), CPU < 2 min each
 .PHONY: reproduce-bsam-logreg reproduce-bsam-twomoons
 reproduce-bsam-logreg: setup
-	$(PY) scripts/reproduce_bsam_logreg.py --out results/bsam_logreg
+	$(PY) scripts/reproduce.py run bsam_logreg --scale paper
 
 reproduce-bsam-twomoons: setup
-	$(PY) scripts/reproduce_bsam_twomoons.py --out results/bsam_twomoons
+	$(PY) scripts/reproduce.py run bsam_twomoons --scale paper
 
 # the README's table of config groups, regenerated from configs/ (tests/test_readme_options.py fails when stale)
 .PHONY: readme-options

@@ -1,6 +1,6 @@
 """bSAM paper toys (flatbnn/toys/logreg2d.py, twomoons.py; scripts/reproduce_bsam_*.py): the exact
 posterior's grid integration on cases with known answers, the Gaussian tools, and the key numbers of
-the stored reproductions (results/bsam_logreg, results/bsam_twomoons)."""
+the stored reproductions (results/reproduce/bsam_logreg/paper_summary.json, likewise bsam_twomoons)."""
 
 import json
 import math
@@ -81,9 +81,8 @@ def test_bsam_toy_fit_runs_the_flatbnn_method():
 
 
 def _summary(name):
-    p = REPO / "results" / name / "summary.json"
-    if not p.exists():
-        pytest.skip(f"{p} not generated yet (make reproduce-{name.replace('_', '-')})")
+    p = REPO / "results" / "reproduce" / name / "paper_summary.json"
+    assert p.is_file(), f"{p}: the committed reproduction is gone (make reproduce-{name.replace('_', '-')})"
     return json.loads(p.read_text())
 
 
@@ -143,3 +142,24 @@ def test_a_toys_own_checks_reach_its_page(tmp_path):
         assert "## The analysis (`checks.md`)" in md, name
         assert "| bsam_closest_predictive | yes |" in md and "| bsam | 0.2386 |" in md, name
         assert "| largest \\|z\\| | 1.2 |" in md, name  # a bar inside a cell is escaped: one row, two cells
+
+
+def test_a_toys_numbers_are_committed_beside_its_page(tmp_path):
+    """A toy's summary.json (what its tests read) is copied beside its page as paper_summary.json, with its figure:
+    the one committed copy (results/<toy>/ from `make reproduce-<toy>` once duplicated the page's folder)."""
+    from flatbnn.reproduce import compare_markdown, spec
+
+    row = spec.load_row("bsam_twomoons")
+    assert compare_markdown.kept_files(row) == ["summary.json"]
+    out = tmp_path / "runs" / "bsam_twomoons" / "paper"
+    out.mkdir(parents=True)
+    (out / "launch.json").write_text(json.dumps({"row": row.row, "scale": "paper", "command": "x", "returncode": 0,
+                                                 "seconds": 1.0, "git": {"commit": "0" * 40, "dirty": False}}))
+    (out / "summary.json").write_text('{"claims": {"x": true}}')
+    (out / "fig6_twomoons.png").write_bytes(b"png")
+    (out / "scratch.json").write_text("{}")
+    dest = tmp_path / "results" / "bsam_twomoons"
+    compare_markdown.write_comparison(row, "paper", out=out, dest=dest)
+    assert sorted(p.name for p in dest.iterdir() if p.is_file()) == [
+        "paper.json", "paper.md", "paper_fig6_twomoons.png", "paper_summary.json"]
+    assert json.loads((dest / "paper_summary.json").read_text()) == {"claims": {"x": True}}

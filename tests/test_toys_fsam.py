@@ -1,6 +1,6 @@
 """The Fisher-SAM 2-D toy (Kim et al. 2022, sec. 3.1) and the VSAM Fig. 1 smoothings: exact checks.
 
-What the reproduction found (results/fsam_toy/summary.json) is asserted here as it is: the
+What the reproduction found (results/reproduce/fsam_toy/paper_summary.json) is asserted here as it is: the
 paper's minima are reproduced (with E_i = KL_i + 1/2), but FSAM does *not* reach the flat minimum
 from the paper-like starts where SGD/SAM end at the sharp one; ASAM does.
 """

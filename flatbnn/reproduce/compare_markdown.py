@@ -276,6 +276,15 @@ def _fidelity_markdown(c: dict) -> list[str]:
     return lines
 
 
+def kept_files(row: Row) -> list[str]:
+    """The files of a script row's output committed beside its page (``<scale>_<name>``): the one its cells are
+    read from (``compare.cells_from``) and those ``compare.keep`` names (e.g. a toy's summary.json, which its
+    tests read)."""
+    compare = row.compare or {}
+    names = [(compare.get("cells_from") or {}).get("file")] + list(compare.get("keep") or [])
+    return list(dict.fromkeys(n for n in names if n)) if row.kind == "script" else []
+
+
 def progress_sentence(pr: dict) -> str:
     """``7/20 cells done: 5 within the paper's spread, 2 outside`` (what STATUS.md and the comparison say)."""
     s = f"{pr['done']}/{pr['cells']} cells done"
@@ -442,6 +451,9 @@ def write_comparison(row: Row, scale: str, out: Path | None = None, dest: Path |
         for p in pngs:
             shutil.copyfile(p, dest / f"{scale}_{p.name}")
         c["figures"] = [str(dest / f"{scale}_{p.name}") for p in pngs]
+        kept = [Path(c["out"]) / name for name in kept_files(row)]
+        for p in (p for p in kept if p.is_file()):  # a script's numbers, committed beside its page
+            shutil.copyfile(p, dest / f"{scale}_{p.name}")
     if scale == "paper" and row.kind == "train":
         c["left"] = cost_left(row, scale, c["jobs"])
     write_text(dest / f"{scale}.md", to_markdown(c))

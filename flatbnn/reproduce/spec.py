@@ -91,7 +91,6 @@ class Row:
     blocked: str | None = None
     script: dict = field(default_factory=dict)
     eval_from: dict = field(default_factory=dict)  # eval rows: {row: <train row>, cell: "<format over our axes>"}
-    results: str | None = None          # script rows: the committed folder their `make reproduce-<toy>` writes
     notes: list | str | None = None
     departures: list = field(default_factory=list)  # where the paper scale knowingly differs from the paper's protocol
     path: Path | None = None

@@ -258,9 +258,6 @@ def render() -> str:
             lines.append(f"| {name} | | **invalid spec**: {e} | | | | | |")
             continue
         what = row.title + (f" — **blocked**: {row.blocked}" if row.blocked else "")
-        if row.kind == "script" and row.results:
-            what += f" (committed: [{row.results}]({Path(row.results).relative_to('results')}))" \
-                if row.results.startswith("results/") else ""
         states = [_scale_state(row, s) for s in SCALES]
         lines.append(f"| `{name}` | {row.paper} | {what} | {_paper_state(row)} | {fidelity_summary(row)} | "
                      + " | ".join(states) + " |")

@@ -2,7 +2,8 @@
 """bSAM paper, Fig. 3 / App. F.1: 2-D Bayesian logistic regression (no bias), exact posterior vs
 SAM, bSAM and Laplace at the SAM solution. CPU, exact problem, < 2 minutes.
 
-    python scripts/reproduce_bsam_logreg.py --out results/bsam_logreg
+    python scripts/reproduce_bsam_logreg.py --out outputs/toys/bsam_logreg
+    (`make reproduce-bsam-logreg` runs it through the runner: page, figures and summary.json in results/reproduce/)
 
 Data: Murphy (2012) §8.4-style two clouds (flatbnn/toys/logreg2d.py: make_data, 30 per class,
 seed 0), separable by a line through the origin. Exact posterior: grid integration (601 x 601 cells
@@ -207,7 +208,7 @@ def figure(path, X, y, res, ex, preds, sam_rho, x1, x2):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="results/bsam_logreg")
+    ap.add_argument("--out", default="outputs/toys/bsam_logreg")
     ap.add_argument("--prior-vars", default="1,100", help="comma list; the first one makes the figure")
     ap.add_argument("--sam-rho", type=float, default=0.5, help="SAM radius of the figure (one of %s)" % (SAM_RHOS,))
     ap.add_argument("--steps-divisor", type=int, default=1,

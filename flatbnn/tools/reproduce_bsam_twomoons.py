@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """bSAM paper, App. F.2 / Fig. 6: SAM vs bSAM predictive uncertainty on two moons. CPU, < 2 minutes.
 
-    python scripts/reproduce_bsam_twomoons.py --out results/bsam_twomoons
+    python scripts/reproduce_bsam_twomoons.py --out outputs/toys/bsam_twomoons
+    (`make reproduce-bsam-twomoons` runs it through the runner: page, figures and summary.json in results/reproduce/)
 
 Set-up in flatbnn/toys/twomoons.py (the authors' demo2d.py values for bSAM: 100 points, MLP
 2-32-32-32-32-1 ELU, batch 30, M = 5, alpha 0.5, rho 0.05, damping 0.1, delta 1e-4, 250 + 1 epochs,
@@ -39,7 +40,7 @@ NUM_SAMPLES = 32
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="results/bsam_twomoons")
+    ap.add_argument("--out", default="outputs/toys/bsam_twomoons")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--epochs", type=int, default=250)
     ap.add_argument("--far", type=float, default=1.0, help="'away from the data': distance to the nearest point")

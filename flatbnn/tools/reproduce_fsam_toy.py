@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Fisher-SAM toy (Kim et al., ICML 2022, section 3.1, Figs 1-3): exact 2-D problem, CPU.
 
-    python scripts/reproduce_fsam_toy.py --out results/fsam_toy
+    python scripts/reproduce_fsam_toy.py --out outputs/toys/fsam_toy
+    (`make reproduce-fsam-toy` runs it through the runner: page, figures and summary.json in results/reproduce/)
 
 Finds the two minima and the saddle of the paper's Eq. 15 loss over theta = (mu, sigma), runs
 full-batch gradient descent with the gradient taken at theta + eps, eps from the project's own
@@ -243,7 +244,7 @@ def write_verdict(out: Path, summary: dict) -> None:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="results/fsam_toy")
+    ap.add_argument("--out", default="outputs/toys/fsam_toy")
     ap.add_argument("--lr", type=float, default=100.0)
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--tol", type=float, default=3.0, help="Euclidean distance (mu, sigma) to count as reaching a minimum")

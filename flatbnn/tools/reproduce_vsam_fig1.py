@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """VariationalSAM (Ujvary et al.) Fig. 1: the Fisher-SAM toy loss and its SAM / Gaussian smoothings.
 
-    python scripts/reproduce_vsam_fig1.py --out results/vsam_fig1
+    python scripts/reproduce_vsam_fig1.py --out outputs/toys/vsam_fig1
+    (`make reproduce-vsam-fig1` runs it through the runner: page, figures and summary.json in results/reproduce/)
 
 The VSAM paper's Fig. 1 uses "the original loss L [12]", [12] = Fisher SAM, i.e. the same 2-D
 loss over theta = (mu, sigma) as scripts/reproduce_fsam_toy.py, with rho = 8 in all panels:
@@ -120,7 +121,7 @@ def pattern_descent(fn, x0: np.ndarray, v0: float, radii=(2.0, 0.5, 0.1, 0.02), 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="results/vsam_fig1")
+    ap.add_argument("--out", default="outputs/toys/vsam_fig1")
     ap.add_argument("--rho", type=float, default=8.0)
     ap.add_argument("--p", type=int, default=2, help="number of parameters: Sigma = rho^2/p I")
     ap.add_argument("--nodes", type=int, default=32, help="quadrature nodes per axis (32 and 64 agree to 1e-7)")

@@ -139,7 +139,7 @@ def test_a_toys_own_checks_reach_its_page(tmp_path):
         write_checks(out / "checks.md", "Our checks", "budget line", {"bsam_closest_predictive": True, "largest |z|": 1.2},
                      tables=[("caption", ["method", "W2"], [["bsam", 0.23863753]])])
         md = compare_markdown.to_markdown(compare.build(row, "paper", out))
-        assert "## The analysis (`checks.md`)" in md, name
+        assert "## The analysis (`checks.md`)\n\n" in md and "(`checks.md`)\n\n\n" not in md, name  # one blank line
         assert "| bsam_closest_predictive | yes |" in md and "| bsam | 0.2386 |" in md, name
         assert "| largest \\|z\\| | 1.2 |" in md, name  # a bar inside a cell is escaped: one row, two cells
 

@@ -173,6 +173,8 @@ def to_markdown(c: dict) -> str:
         body = text.splitlines()
         if body and body[0].startswith("# "):
             body = body[1:]
+        while body and not body[0].strip():  # the blank line under the dropped title: the heading brings its own
+            body = body[1:]
         lines += ["", f"## The analysis (`{name}`)", ""] + [ln.replace("# ", "### ", 1) if ln.startswith("# ") else ln
                                                            for ln in body]
     if c.get("figure"):

@@ -213,3 +213,19 @@ def test_the_toy_page_judges_its_minima_by_the_papers_printed_digits(tmp_path, m
     c = build(row, "paper", out=tmp_path)
     assert [(r["cell"], r["metric"]) for r in c["table"] if r["verdict"] == "outside"] == [("sharp", "sigma")]
     assert paper_progress(c)["outside"] == 1
+
+
+@pytest.mark.parametrize("compare, says", [({"exact": "yes"}, "compare.exact must be true or false"),
+                                           ({"keep": "summary.json"}, "compare.keep must be a list of file names"),
+                                           ({"keep": ["../x.json"]}, "compare.keep must be a list of file names")])
+def test_a_rows_exact_and_keep_are_checked(tmp_path, compare, says):
+    import yaml
+
+    from flatbnn.reproduce.spec import SpecError, load_row
+
+    data = yaml.safe_load(load_row("fsam_toy").path.read_text())
+    data["compare"] = {**data["compare"], **compare}
+    (tmp_path / "fsam_toy.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError, match=says):
+        load_row(tmp_path / "fsam_toy.yaml")
+    load_row("fsam_toy")  # the committed row passes

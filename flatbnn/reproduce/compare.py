@@ -259,7 +259,8 @@ def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | No
     launch_file = Path(ours["out"]) / "launch.json"
     if row.kind == "script" and launch_file.exists():
         script = load_json(launch_file)
-    return {"script": script, "exact": bool((row.compare or {}).get("exact")), "row": row.row, "paper": row.paper, "title": row.title, "scale": scale, "out": ours["out"],
+    return {"script": script, "exact": bool((row.compare or {}).get("exact")),
+            "row": row.row, "paper": row.paper, "title": row.title, "scale": scale, "out": ours["out"],
             "table": table, "ours_only": ours_only, "extra_table": extra, "direction": direction, "budget": _budget(row, scale, runs),
             "jobs": jobs, "claims": judge_claims(row, pd, table + extra, jobs) if scale != "smoke" else [],
             "failed": {f"{cid}/seed{s}": d for cid, c in ours["cells"].items() for s, (st, d) in c["states"].items()

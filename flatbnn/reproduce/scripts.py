@@ -21,7 +21,8 @@ from flatbnn.reproduce.spec import REPO, Row
 
 def run_script_row(row: Row, scale: str, dry_run: bool = False, out: Path | None = None) -> int:
     """Run the row's ``scale`` script into ``out`` (``run --out``; default ``outputs/reproduce/<row>/<scale>``): where
-    the comparison then reads it. ``{runs}``, the root of the other rows' runs, is launch.runs_root_of(out), else the default output root."""
+    the comparison then reads it. ``{runs}``, the root of the other rows' runs: launch.runs_root_of(out), else the
+    default output root."""
     template = (row.script or {}).get(scale)
     if template is None:
         print(f"reproduce {row.row}: no {scale} script", file=sys.stderr)

@@ -196,6 +196,9 @@ def load_row(name_or_path: str | Path) -> Row:
         _check(bool(row.eval_from.get("row")), path, "an eval row needs eval_from: {row: <the trained row>}")
     for s in row.scales:
         _check(s in SCALES, path, f"unknown scale {s!r} (use {', '.join(SCALES)})")
+    keep = (row.compare or {}).get("keep", [])
+    _check(isinstance(keep, list) and all(isinstance(k, str) and "/" not in k for k in keep), path,
+           f"compare.keep must be a list of file names in the script's output, got {keep!r}")
     _check(isinstance((row.compare or {}).get("exact", False), bool), path,
            f"compare.exact must be true or false, got {(row.compare or {}).get('exact')!r}")
     _check((row.compare or {}).get("seed_test") in (None, "paired", "welch"), path,

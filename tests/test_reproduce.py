@@ -964,3 +964,15 @@ def test_a_yaml_error_in_a_paper_file_is_one_line_naming_it_in_check_compare_run
         line = _one_reproduce_line(capsys, cli.main(argv), bad)
         assert line.startswith(f"reproduce: error: {bad}:6:14: YAML syntax error"), (argv, line)
     assert launched == [] and not (tmp_path / "STATUS.md").exists()
+
+
+def test_a_paper_page_states_the_verdict_rule_only_where_there_are_numbers_to_apply_it_to(tmp_path):
+    out = tmp_path / "out"
+    for s in range(3):
+        _fake_run(out, "cifar10/resnet20_frn/bsam", s, 0.60 + s / 100, 1.1, ece=0.02)
+    lost = compare.build(spec.load_row("bsam_t1"), "paper", out)   # results/paper/bsam_t1.yaml: numbers lost
+    line = next(x for x in compare_markdown.to_markdown(lost).splitlines() if x.startswith("**Progress"))
+    assert "(the paper's numbers are lost: no verdicts)**." in line and "±2σ" not in line
+    printed = compare.build(spec.load_row("fsam_t1"), "paper", out)  # printed numbers: the rule is stated
+    line = next(x for x in compare_markdown.to_markdown(printed).splitlines() if x.startswith("**Progress"))
+    assert line.endswith("outside if any metric is outside the paper's ±2σ).")

@@ -211,6 +211,7 @@ def _stats(values: list) -> dict:
 def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | None = None) -> dict:
     pd = row.paper_data() or {"cells": [], "metrics": {}}
     ours = collect(row, scale, out, archive_root)
+    exact = bool((row.compare or {}).get("exact"))  # a deterministic computation: judged by the printed digits
     metrics = pd.get("metrics") or {}
     table = []
     for pc in pd.get("cells") or []:
@@ -239,7 +240,7 @@ def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | No
             if st["mean"] is not None:
                 rec["delta"] = st["mean"] - float(printed["mean"])
                 if scale == "paper" and rec["state"] == "done":  # a verdict once every seed of the cell is in
-                    rec["verdict"] = _verdict(rec, exact=bool((row.compare or {}).get("exact")))
+                    rec["verdict"] = _verdict(rec, exact=exact)
                     rec["verdict_seeds"] = st["n"]
             table.append(rec)
     # the paper prints no numbers (lost, or a figure): our cells ranked against each other -- a script row's too
@@ -259,7 +260,7 @@ def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | No
     launch_file = Path(ours["out"]) / "launch.json"
     if row.kind == "script" and launch_file.exists():
         script = load_json(launch_file)
-    return {"script": script, "exact": bool((row.compare or {}).get("exact")),
+    return {"script": script, "exact": exact,
             "row": row.row, "paper": row.paper, "title": row.title, "scale": scale, "out": ours["out"],
             "table": table, "ours_only": ours_only, "extra_table": extra, "direction": direction, "budget": _budget(row, scale, runs),
             "jobs": jobs, "claims": judge_claims(row, pd, table + extra, jobs) if scale != "smoke" else [],

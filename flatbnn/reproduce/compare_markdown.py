@@ -7,11 +7,10 @@ Nothing here decides anything: verdicts, directions and seed-noise tests are the
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
-from flatbnn.engine.checkpoint import write_json, write_text
+from flatbnn.engine.checkpoint import write_bytes, write_json, write_text
 from flatbnn.engine.report import CHANCE_SE
 from flatbnn.reproduce.claims import describe, paper_line, verdict_line
 from flatbnn.reproduce.compare import (NOISE_ALPHA, NOT_AT_SCALE, RESULTS_ROOT, archive_row, build, finished_runs,
@@ -118,10 +117,12 @@ def to_markdown(c: dict) -> str:
         lines += [f"- `{k}`: {v}" for k, v in c["choices"].items()]
     lines += _fidelity_markdown(c)
     if c["table"] and c["scale"] == "paper":
-        rule = ("a deterministic computation: outside if any metric does not round to the paper's printed digits"
+        progress = paper_progress(c)
+        rule = ("" if progress["numbers_lost"] else  # no printed number: no rule to apply
+                " (a deterministic computation: outside if any metric does not round to the paper's printed digits)"
                 if c.get("exact") else
-                "a cell's verdict comes when all its seeds are in: outside if any metric is outside the paper's ±2σ")
-        lines += ["", f"**Progress: {progress_sentence(paper_progress(c))}** ({rule})."]
+                " (a cell's verdict comes when all its seeds are in: outside if any metric is outside the paper's ±2σ)")
+        lines += ["", f"**Progress: {progress_sentence(progress)}**{rule}."]
     if c["table"] and c.get("ours_only"):
         lines += _ours_only_markdown(c)
     elif c["table"]:
@@ -412,6 +413,16 @@ def splice_claims(page: str, c: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _copy_beside(files: list[Path], dest: Path, scale: str) -> list[Path]:
+    """Copy each existing file to ``<dest>/<scale>_<name>`` (atomically: a page never sits beside half a file);
+    returns the copies."""
+    copies = []
+    for p in (p for p in files if p.is_file()):
+        write_bytes(dest / f"{scale}_{p.name}", p.read_bytes())
+        copies.append(dest / f"{scale}_{p.name}")
+    return copies
+
+
 def write_comparison(row: Row, scale: str, out: Path | None = None, dest: Path | None = None,
                      force: bool = False, records: Path | None = None) -> Path:
     """Write ``results/reproduce/<row>/<scale>.json`` and the page ``<scale>.md`` (at smoke too: which cells ran),
@@ -448,14 +459,10 @@ def write_comparison(row: Row, scale: str, out: Path | None = None, dest: Path |
             draw_figures(row, scale, Path(c["out"]), records)
         except (ValueError, OSError) as e:  # a figure must not cost the comparison table: say so, go on
             print(f"compare {row.row} ({scale}): figure not drawn: {' '.join(str(e).split())[:300]}", file=sys.stderr)
-    pngs = sorted(Path(c["out"]).glob("*.png")) if Path(c["out"]).exists() else []
-    if scale != "smoke":
-        for p in pngs:
-            shutil.copyfile(p, dest / f"{scale}_{p.name}")
-        c["figures"] = [str(dest / f"{scale}_{p.name}") for p in pngs]
-        kept = [Path(c["out"]) / name for name in kept_files(row)]
-        for p in (p for p in kept if p.is_file()):  # a script's numbers, committed beside its page
-            shutil.copyfile(p, dest / f"{scale}_{p.name}")
+    if scale != "smoke":  # the figures, and a script's numbers (kept_files), committed beside the page
+        pngs = sorted(Path(c["out"]).glob("*.png")) if Path(c["out"]).exists() else []
+        c["figures"] = [str(p) for p in _copy_beside(pngs, dest, scale)]
+        _copy_beside([Path(c["out"]) / name for name in kept_files(row)], dest, scale)
     if scale == "paper" and row.kind == "train":
         c["left"] = cost_left(row, scale, c["jobs"])
     write_text(dest / f"{scale}.md", to_markdown(c))

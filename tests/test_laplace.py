@@ -6,6 +6,7 @@ laplace-torch is one line and exit 2 naming the extra."""
 from __future__ import annotations
 
 import copy
+import math
 import os
 import subprocess
 import sys
@@ -33,8 +34,9 @@ def _data(n, seed):
     return TensorDataset(x, y)
 
 
-def _trained(method_kw, flatness=None):
-    """A small MLP trained 30 SAM (or plain) steps by the Laplace method itself (MAP training)."""
+def _trained(method_kw, flatness=None, val=None):
+    """A small MLP trained 30 SAM (or plain) steps by the Laplace method itself (MAP training); ``val``: the
+    held-out loader of the run (dataset.val_split)."""
     from flatbnn.methods.laplace import Laplace
 
     torch.manual_seed(0)
@@ -43,7 +45,7 @@ def _trained(method_kw, flatness=None):
     method = Laplace(**method_kw)
     ctx = RunContext(model=module, module=module, device=CPU, n_train=96, steps_per_epoch=3, epochs=10,
                      optimizer_factory=lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), scheduler_factory=None,
-                     train_loader=train)
+                     train_loader=train, val_loader=val)
     method.setup(ctx)
     flat = flatness or SAM(rho=0.05)
     flat.setup(ctx, method)
@@ -103,6 +105,52 @@ def test_fitted_prior_and_predictive_equal_laplace_torch_called_directly(case):
     assert meta["n_params"] == la.n_params
 
 
+def _nll_by_prior(la, loader, grid):
+    """The probit predictive's mean NLL on ``loader`` at each prior precision of ``grid``, computed here."""
+    x, y = (torch.cat(t) for t in zip(*loader))
+    out = []
+    for prior in grid:
+        la.prior_precision = float(prior)
+        p = la(x, pred_type="glm", link_approx="probit")
+        out.append(float(-p[torch.arange(len(y)), y].log().mean()))
+    return torch.tensor(out)
+
+
+def test_gridsearch_picks_the_prior_of_the_lowest_validation_nll():
+    """prior_fit=gridsearch: of 10^-2 .. 10^3 (26 values), the prior precision whose probit predictive has the
+    lowest NLL on the held-out split -- computed here from the fitted Laplace, not taken from laplace-torch's own
+    search -- and the run's predictive is the one at that prior. The split matters: the training set's curve has
+    its minimum elsewhere (so a search on the training data, or marglik, would not pass), and so has the running
+    mean laplace-torch's default metric scores (methods/laplace.py validation_nll)."""
+    x, y = _data(60, 2).tensors
+    y = torch.where(torch.arange(60) % 3 == 0, (y + 1) % 3, y)  # a third of the labels wrong: the held-out NLL
+    val = DataLoader(TensorDataset(x, y), batch_size=20, shuffle=False)  # wants a wider posterior than MAP's
+    kw = dict(prior_fit="gridsearch", grid_min=-2, grid_max=3, grid_size=26)
+    method, module, train = _trained(kw, val=val)
+    la = method.fit()
+    chosen = float(la.prior_precision)
+    grid = torch.logspace(-2, 3, 26)
+    on_val, on_train = _nll_by_prior(la, val, grid), _nll_by_prior(la, train, grid)
+    assert chosen == pytest.approx(float(grid[on_val.argmin()]), rel=1e-6)
+    assert int(on_val.argmin()) != int(on_train.argmin()), (on_val, on_train)
+    # laplace-torch 0.3's default running metric, never reset, scores each prior by the mean over the grid so far
+    running = on_val.cumsum(0) / torch.arange(1, len(grid) + 1)
+    assert int(running.argmin()) != int(on_val.argmin())  # so this test tells its choice from the right one
+    assert on_val.max() - on_val.min() > 0.01  # the grid spans priors that matter for this predictive
+    la.prior_precision = chosen
+    test = DataLoader(_data(40, 1), batch_size=20, shuffle=False)
+    ours = next(iter(method.predict({"test": test})))["test"].exp()
+    torch.testing.assert_close(ours, la(torch.cat([b[0] for b in test]), pred_type="glm", link_approx="probit"),
+                               rtol=1e-5, atol=1e-6)
+    meta = method.describe()
+    assert meta["prior_fit"] == "gridsearch" and (meta["grid_min"], meta["grid_max"], meta["grid_size"]) == (-2, 3, 26)
+    assert meta["prior_precision"] == pytest.approx([chosen])
+    # no held-out split: one line naming the key that makes one
+    with pytest.raises(ValueError, match="dataset.val_split") as e:
+        _trained(kw)
+    assert "\n" not in str(e.value)
+
+
 def test_laplace_trains_exactly_as_map_with_the_same_flatness():
     from flatbnn.methods.map import MAP
 
@@ -128,7 +176,9 @@ def test_bad_settings_are_one_line():
     for kw, match in (({"subset_of_weights": "subnetwork"}, "subset_of_weights"),
                       ({"pred_type": "nn", "link_approx": "probit"}, "link_approx=mc"),
                       ({"prior_init": 0.0}, "prior_init"),
-                      ({"prior_structure": "layerwise"}, "subset_of_weights=all")):
+                      ({"prior_structure": "layerwise"}, "subset_of_weights=all"),
+                      ({"prior_fit": "gridsearch", "prior_structure": "diag"}, "prior_structure=scalar"),
+                      ({"prior_fit": "gridsearch", "grid_min": 2, "grid_max": 1}, "grid_min < method.grid_max")):
         with pytest.raises(ValueError, match=match) as e:
             Laplace(**kw)
         assert "\n" not in str(e.value)
@@ -177,3 +227,23 @@ def test_evaluate_fits_a_laplace_on_a_finished_map_run_as_a_laplace_run_would(tm
     p = _eval_cli([f"run={tmp_path / 'swag'}", "method=laplace"])
     assert p.returncode == 2 and "trains like MAP, the run is SWAG" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_a_gridsearch_run_end_to_end_names_its_closed_form_predictive(tmp_path):
+    """`train.py method=laplace method.prior_fit=gridsearch dataset.val_split=300`: the prior is one of the grid's
+    values, the final line names the closed-form predictive (not "1 sample"); without a held-out split the run
+    stops before training in one line naming dataset.val_split, exit 2."""
+    common = ["dataset=digits", "model=mlp", "model.hidden=[32]", "method=laplace", "method.prior_fit=gridsearch",
+              "method.grid_min=-1", "method.grid_max=3", "method.grid_size=5", "trainer.epochs=2",
+              "trainer.eval_every=0", "trainer.reliability_diagram=false", "seed=0"]
+    p = train_cli(common + ["dataset.val_split=300"], tmp_path / "run")
+    meta = results(tmp_path / "run")["meta"]["method"]
+    assert meta["prior_fit"] == "gridsearch"
+    assert meta["prior_precision"][0] == pytest.approx(10 ** round(math.log10(meta["prior_precision"][0])), rel=1e-5)
+    final = [line for line in (p.stdout + p.stderr).splitlines() if line.startswith("flatbnn: done")]
+    assert len(final) == 1 and "(final predictive, closed form, probit)" in final[0], final
+    p = train_cli(common, tmp_path / "no_val", check=False)
+    assert p.returncode == 2, p.stderr[-2000:]
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "dataset.val_split" in lines[0], p.stderr
+    assert not (tmp_path / "no_val" / "results.json").exists()

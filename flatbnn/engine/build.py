@@ -196,6 +196,7 @@ def build(cfg: DictConfig, run_dir: Path | None = None, *, training: bool = True
         scheduler_factory=instantiate(cfg.scheduler) if cfg.get("scheduler") else None,
         label_smoothing=tc.label_smoothing, rank=info.rank, world_size=info.world_size, generator=generator,
         channels_last=tc.channels_last, model_factory=model_factory, train_loader=train_loader,
+        val_loader=val_loader,
         all_reduce_mean=all_reduce_mean, seed=cfg.seed, eval_sample_chunk=tc.get("eval_sample_chunk", 1))
     method.setup(ctx)
     flatness.setup(ctx, method)

@@ -51,10 +51,12 @@ def _fmt(v) -> str:
     return f"{v:.4f}" if isinstance(v, (int, float)) and math.isfinite(v) else "null"
 
 
-def final_line(metrics: dict, results_path, seconds: float | None = None) -> str:
+def final_line(metrics: dict, results_path, seconds: float | None = None, closed_form: str | None = None) -> str:
+    """``closed_form``: the name of a predictive computed in closed form (Laplace's probit), said instead of a
+    sample count (it is one predictive, not one sample)."""
     took = f" in {seconds:.1f} s" if seconds is not None else ""
     k = metrics.get("num_samples")
-    samples = f", {k} sample{'s' if k != 1 else ''}" if k else ""
+    samples = f", {closed_form}" if closed_form else f", {k} sample{'s' if k != 1 else ''}" if k else ""
     return (f"flatbnn: done{took}: accuracy {_fmt(metrics.get('accuracy'))}, NLL {_fmt(metrics.get('nll'))}, "
             f"ECE {_fmt(metrics.get('ece'))} (final predictive{samples}) -> {results_path}")
 
@@ -109,7 +111,8 @@ def report_final(report: RunReport, b, results: dict, results_path) -> None:
     for line in degenerate_run_warnings(metrics, b.method.describe(), int(b.cfg.model.num_classes),
                                         len(b.bundle.test)):
         report.warn(line)
-    report.info(final_line(metrics, results_path, results.get("meta", {}).get("wall_seconds")))
+    report.info(final_line(metrics, results_path, results.get("meta", {}).get("wall_seconds"),
+                           closed_form=b.method.closed_form))
 
 
 __all__ = ["CHANCE_MIN_TEST", "CHANCE_SE", "LOG_NAME", "RunReport", "at_chance", "degenerate_run_warnings", "final_line",

@@ -36,6 +36,7 @@ class RunContext:
     criterion: Callable | None = None      # (logits, targets) -> mean loss; default cross-entropy
     model_factory: Callable | None = None  # () -> a freshly initialised backbone (ensembles)
     train_loader: object = None            # training loader (BatchNorm refresh of sampled weights)
+    val_loader: object = None              # the held-out split (dataset.val_split > 0; Laplace's grid search)
     all_reduce_mean: Callable | None = None  # tensor -> mean over DDP ranks, in place (BN stats)
     seed: int = 0
     eval_sample_chunk: int = 1             # weight samples per vmapped forward in predict_at_samples (1 = one by one)
@@ -63,6 +64,9 @@ class Method:
     #: sharpness and loss landscapes of samples need, scripts/analyze.py); False where the predictive draws its
     #: noise inside the forward pass (SGVB's local reparameterisation / flipout, MC dropout's masks)
     samples_weights = True
+    #: the name of a predictive computed in closed form, not sampled (Laplace's probit): what the final line says
+    #: instead of "1 sample"; None for a sampled (or point) predictive
+    closed_form: str | None = None
     #: False for methods whose step keeps host-side state (counters, sample collection, member swaps): with
     #: ``trainer.cuda_graph=true`` their steps run eagerly (flatbnn/engine/graphed.py), with a one-line reason
     capturable = True

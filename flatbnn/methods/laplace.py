@@ -12,8 +12,11 @@ over the training set (in its order, as the data set serves it at the last epoch
 has one), for the weights ``subset_of_weights`` names (``last_layer``: the last Linear layer, found by
 laplace-torch; ``all``) with the structure ``hessian_structure`` (``diag`` or ``kron``: KFAC). The prior precision
 P0 = ``prior_init`` * I is then tuned by maximising the log marginal likelihood (``prior_fit=marglik``: Adam on
-log P0, ``marglik_steps`` steps at ``marglik_lr``, laplace-torch's ``optimize_prior_precision``; ``none`` keeps
-``prior_init``), as ``prior_structure`` (``scalar``: one P0; ``layerwise``; ``diag``).
+log P0, ``marglik_steps`` steps at ``marglik_lr``, laplace-torch's ``optimize_prior_precision``; ``gridsearch``:
+the scalar P0 of ``grid_size`` values log-spaced over 10^``grid_min`` .. 10^``grid_max`` whose predictive has the
+lowest NLL on the held-out split ``dataset.val_split`` -- laplace-torch's validation grid search, for when marglik's
+prior leaves the predictive under-confident; ``none`` keeps ``prior_init``), as ``prior_structure`` (``scalar``:
+one P0; ``layerwise``; ``diag``; the grid search is scalar only).
 
 Predictive (``pred_type``): ``glm`` -- the linearised network, f(x) ~ N(f*(x), J P^-1 J^T), turned into class
 probabilities by ``link_approx`` (``probit``: the closed form, one predictive, ``num_samples`` unused; ``mc``:
@@ -39,7 +42,7 @@ from flatbnn.methods.param_vector import copy_flat_, flatten
 
 SUBSETS = ("last_layer", "all")
 STRUCTURES = ("diag", "kron")
-PRIOR_FITS = ("marglik", "none")
+PRIOR_FITS = ("marglik", "gridsearch", "none")
 PRIOR_STRUCTURES = ("scalar", "layerwise", "diag")
 PRED_TYPES = ("glm", "nn")
 LINKS = ("probit", "mc", "bridge", "bridge_norm")
@@ -67,6 +70,14 @@ def import_laplace():
     return laplace
 
 
+def validation_nll(probs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean NLL of one prior's predictive on the whole held-out split. Passed to laplace-torch's grid search as a
+    callable (scored afresh at each prior): its default, a running torchmetrics NLL, is never reset between the
+    priors in laplace-torch 0.3, so each prior is scored by the mean over it and every prior before it and the
+    search returns the argmin of that running mean (tests/test_laplace.py shows the two apart)."""
+    return torch.nn.functional.nll_loss(probs.clamp_min(torch.finfo(probs.dtype).tiny).log(), targets)
+
+
 class Laplace(Method):
     name = "laplace"
     #: trained as MAP, step for step: evaluate.py may fit a Laplace on a finished run of this class
@@ -75,12 +86,13 @@ class Laplace(Method):
     samples_weights = False  # laplace-torch holds the posterior (a last-layer or GLM predictive is no weight set)
     predict_keys = Method.predict_keys + ("subset_of_weights", "hessian_structure", "prior_fit", "prior_init",
                                           "prior_structure", "marglik_steps", "marglik_lr", "pred_type",
-                                          "link_approx", "eval_seed")
+                                          "link_approx", "eval_seed", "grid_min", "grid_max", "grid_size")
 
     def __init__(self, subset_of_weights: str = "last_layer", hessian_structure: str = "kron",
                  prior_fit: str = "marglik", prior_init: float = 1.0, prior_structure: str = "scalar",
                  marglik_steps: int = 100, marglik_lr: float = 0.1, pred_type: str = "glm",
-                 link_approx: str = "probit", num_samples: int = 1, eval_seed: int = 1):
+                 link_approx: str = "probit", num_samples: int = 1, eval_seed: int = 1,
+                 grid_min: float = -4.0, grid_max: float = 4.0, grid_size: int = 100):
         for key, value, allowed in (("subset_of_weights", subset_of_weights, SUBSETS),
                                     ("hessian_structure", hessian_structure, STRUCTURES),
                                     ("prior_fit", prior_fit, PRIOR_FITS),
@@ -97,14 +109,32 @@ class Laplace(Method):
             raise ValueError(f"method.prior_init must be > 0 (a precision), got {prior_init}")
         if int(marglik_steps) < 1 and prior_fit == "marglik":
             raise ValueError(f"method.marglik_steps must be >= 1, got {marglik_steps}")
+        if prior_fit == "gridsearch" and prior_structure != "scalar":
+            raise ValueError("method.prior_fit=gridsearch searches one scalar prior precision: it takes "
+                             f"method.prior_structure=scalar, got {prior_structure!r}")
+        if prior_fit == "gridsearch" and not (int(grid_size) >= 2 and float(grid_min) < float(grid_max)):
+            raise ValueError(f"method.grid_size must be >= 2 and method.grid_min < method.grid_max (log10 bounds), "
+                             f"got {grid_size}, {grid_min}, {grid_max}")
         super().__init__(num_samples=num_samples)
         import_laplace()  # before any data is read: one line if the extra is missing
         self.subset_of_weights, self.hessian_structure = subset_of_weights, hessian_structure
         self.prior_fit, self.prior_init, self.prior_structure = prior_fit, float(prior_init), prior_structure
         self.marglik_steps, self.marglik_lr = int(marglik_steps), float(marglik_lr)
         self.pred_type, self.link_approx, self.eval_seed = pred_type, link_approx, int(eval_seed)
+        self.grid_min, self.grid_max, self.grid_size = float(grid_min), float(grid_max), int(grid_size)
         self.la = None  # the fitted laplace-torch object (after training; refitted after any further step)
         self.fit_seconds: float | None = None
+
+    def setup(self, ctx) -> None:
+        if self.prior_fit == "gridsearch" and ctx.val_loader is None:
+            raise ValueError("method.prior_fit=gridsearch picks the prior on a held-out split: train with "
+                             "dataset.val_split=<examples held out>, e.g. dataset.val_split=5000")
+        super().setup(ctx)
+
+    @property
+    def closed_form(self) -> str | None:
+        """The name of a closed-form predictive (one predictive, no sample), else None."""
+        return f"closed form, {self.link_approx}" if self.pred_type == "glm" and self.link_approx != "mc" else None
 
     # ---------------------------------------------------------------- training: MAP's
     def train_step(self, batch, flatness, backprop) -> dict:
@@ -116,15 +146,19 @@ class Laplace(Method):
         super().load_state_dict(state)
 
     # ---------------------------------------------------------------- the fit
-    def fit_loader(self):
-        """The training set in order, batched as in training (the GGN sums over it; N = its length)."""
+    @staticmethod
+    def _whole(loader, what: str):
+        """``loader``'s whole data set in order, in its batch size (every DDP rank sees all of it: one fit)."""
         from torch.utils.data import DataLoader
 
-        loader = self.ctx.train_loader
         dataset = getattr(loader, "dataset", None)
         if dataset is None:
-            raise ValueError("method=laplace: the training loader has no dataset to fit the Laplace on")
+            raise ValueError(f"method=laplace: the {what} loader has no dataset to fit the Laplace on")
         return DataLoader(dataset, batch_size=getattr(loader, "batch_size", None) or 256, shuffle=False)
+
+    def fit_loader(self):
+        """The training set in order, batched as in training (the GGN sums over it; N = its length)."""
+        return self._whole(self.ctx.train_loader, "training")
 
     def fit(self, loader=None):
         """Fit laplace-torch's Laplace on the current weights and tune its prior; returns it."""
@@ -140,6 +174,14 @@ class Laplace(Method):
                 la.optimize_prior_precision(pred_type=self.pred_type, method="marglik", n_steps=self.marglik_steps,
                                             lr=self.marglik_lr, init_prior_prec=self.prior_init,
                                             prior_structure=self.prior_structure, link_approx=self.link_approx)
+        elif self.prior_fit == "gridsearch":  # the lowest validation NLL of the predictive this run predicts with
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                la.optimize_prior_precision(pred_type=self.pred_type, method="gridsearch",
+                                            val_loader=self._whole(self.ctx.val_loader, "validation"),
+                                            log_prior_prec_min=self.grid_min, log_prior_prec_max=self.grid_max,
+                                            grid_size=self.grid_size, link_approx=self.link_approx,
+                                            n_samples=max(self.num_samples, 1), loss=validation_nll)
         self.la = la
         self.fit_seconds = time.perf_counter() - t0
         return la
@@ -192,7 +234,9 @@ class Laplace(Method):
                "hessian_structure": self.hessian_structure, "prior_fit": self.prior_fit, "prior_init": self.prior_init,
                "prior_structure": self.prior_structure, "marglik_steps": self.marglik_steps,
                "marglik_lr": self.marglik_lr, "pred_type": self.pred_type, "link_approx": self.link_approx,
-               "eval_seed": self.eval_seed, "trained_as": "map", "library": "laplace-torch (MIT)"}
+               "eval_seed": self.eval_seed, "trained_as": "map", "library": "laplace-torch (MIT)",
+               **({"grid_min": self.grid_min, "grid_max": self.grid_max, "grid_size": self.grid_size}
+                  if self.prior_fit == "gridsearch" else {})}
         if self.la is not None:
             prior = self.la.prior_precision.detach().flatten().double().cpu()
             with torch.no_grad():

@@ -151,6 +151,21 @@ def test_gridsearch_picks_the_prior_of_the_lowest_validation_nll():
     assert "\n" not in str(e.value)
 
 
+def test_a_sampled_gridsearch_picks_the_same_prior_whatever_the_global_random_state():
+    """link_approx=mc: laplace-torch draws the grid search's samples from the global generator; ours seeds it with
+    eval_seed (in a forked stream), so a rerun -- evaluate.py, a resumed run -- picks the same prior."""
+    x, y = _data(60, 2).tensors
+    y = torch.where(torch.arange(60) % 3 == 0, (y + 1) % 3, y)
+    val = DataLoader(TensorDataset(x, y), batch_size=20, shuffle=False)
+    kw = dict(prior_fit="gridsearch", grid_min=-2, grid_max=3, grid_size=26, link_approx="mc", num_samples=3)
+    method, _, _ = _trained(kw, val=val)
+    chosen = set()
+    for seed in (123, 7, 99):
+        torch.manual_seed(seed)
+        chosen.add(float(method.fit().prior_precision))
+    assert len(chosen) == 1, chosen
+
+
 def test_laplace_trains_exactly_as_map_with_the_same_flatness():
     from flatbnn.methods.map import MAP
 

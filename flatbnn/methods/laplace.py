@@ -175,8 +175,12 @@ class Laplace(Method):
                                             lr=self.marglik_lr, init_prior_prec=self.prior_init,
                                             prior_structure=self.prior_structure, link_approx=self.link_approx)
         elif self.prior_fit == "gridsearch":  # the lowest validation NLL of the predictive this run predicts with
-            with warnings.catch_warnings():
+            # link_approx=mc samples from the global generator inside laplace-torch: seeded here, so that a rerun
+            # (evaluate.py, a resumed run) picks the same prior, and the caller's random stream is left as it was
+            cuda = [self.ctx.device] if self.ctx.device.type == "cuda" else []
+            with warnings.catch_warnings(), torch.random.fork_rng(devices=cuda):
                 warnings.simplefilter("ignore", UserWarning)
+                torch.manual_seed(self.eval_seed)
                 la.optimize_prior_precision(pred_type=self.pred_type, method="gridsearch",
                                             val_loader=self._whole(self.ctx.val_loader, "validation"),
                                             log_prior_prec_min=self.grid_min, log_prior_prec_max=self.grid_max,

@@ -262,7 +262,8 @@ def evaluate_run(run: Path, args: list[str], name: str | None = None) -> dict | 
             if cfg.trainer.get("reliability_diagram", False):
                 save_reliability_diagram(predictive["test"].exp(), b.test_targets, out / "reliability.png", b.eval_cfg)
             shown = {k: round(v, 4) for k, v in metrics.items() if isinstance(v, float) and k != "eval_seconds"}
-            print(f"{out / 'results.json'}: num_samples={metrics['num_samples']} {shown}")
+            predictive = b.method.closed_form or f"num_samples={metrics['num_samples']}"  # e.g. Laplace's probit
+            print(f"{out / 'results.json'}: {predictive} {shown}")
         D.barrier(b.info)
         D.cleanup(b.info)
         return results

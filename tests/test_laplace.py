@@ -229,6 +229,7 @@ def test_evaluate_fits_a_laplace_on_a_finished_map_run_as_a_laplace_run_would(tm
     train_cli(common + ["method=laplace", "method.hessian_structure=diag"], tmp_path / "laplace")
     p = _eval_cli([f"run={tmp_path / 'map'}", "method=laplace", "method.hessian_structure=diag", "eval.name=la"])
     assert p.returncode == 0, p.stderr[-3000:]
+    assert "results.json: closed form, probit {" in p.stdout, p.stdout[-2000:]  # one predictive, not "1 sample"
     out, lap = results(tmp_path / "map" / "eval" / "la"), results(tmp_path / "laplace")
     assert out["meta"]["method"]["name"] == "laplace" and out["meta"]["flatness"]["name"] == "sam"
     assert out["meta"]["evaluated_from"]["overrides"] == ["method=laplace", "method.hessian_structure=diag"]

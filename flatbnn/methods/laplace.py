@@ -210,7 +210,7 @@ class Laplace(Method):
         if self.pred_type == "nn":
             yield from self._predict_nn(la, loaders, k, g)
             return
-        if self.link_approx != "mc":  # probit / bridge: one closed-form predictive
+        if self.closed_form:  # probit / bridge: one predictive
             yield {name: torch.cat([self._log(la(x, pred_type="glm", link_approx=self.link_approx))
                                     for x in self._inputs(loader)]) for name, loader in loaders.items()}
             return

@@ -976,3 +976,10 @@ def test_a_paper_page_states_the_verdict_rule_only_where_there_are_numbers_to_ap
     printed = compare.build(spec.load_row("fsam_t1"), "paper", out)  # printed numbers: the rule is stated
     line = next(x for x in compare_markdown.to_markdown(printed).splitlines() if x.startswith("**Progress"))
     assert line.endswith("outside if any metric is outside the paper's ±2σ).")
+    for s in range(3):  # our own row (provenance: ours): no paper, so neither a lost paper nor its spread is named
+        _fake_run(out, "mnist/mlp/sgd/none", s, 0.98, 0.05)
+    own = compare_markdown.to_markdown(compare.build(spec.load_row("posterior_flatness_grid"), "paper", out))
+    line = next(x for x in own.splitlines() if x.startswith("**Progress"))
+    assert line == "**Progress: 1/80 cells done (our own row: no paper numbers, so no per-cell verdicts)**.", line
+    scale = next(x for x in own.splitlines() if x.startswith("**Scale"))
+    assert scale == f"**Scale: paper.** {compare_markdown.OWN_ROW_BANNER}" and "paper's spread" not in own

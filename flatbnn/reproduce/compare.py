@@ -436,7 +436,7 @@ def paper_progress(c: dict) -> dict:
             "within": sum(1 for v in verdicts.values() if v and "outside" not in v),
             "outside": sum(1 for v in verdicts.values() if "outside" in v),
             "no_spread": sum(1 for v in verdicts.values() if not v), "numbers_lost": bool(c.get("ours_only")),
-            "exact": bool(c.get("exact"))}
+            "own_row": c.get("provenance") == "ours", "exact": bool(c.get("exact"))}
 
 
 def finished_runs(comparison: dict) -> int:

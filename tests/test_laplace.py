@@ -197,6 +197,10 @@ def test_bad_settings_are_one_line():
         with pytest.raises(ValueError, match=match) as e:
             Laplace(**kw)
         assert "\n" not in str(e.value)
+    for what in ("training", "validation"):  # a loader without a dataset (an iterable of batches): named, one line
+        with pytest.raises(ValueError, match=f"the {what} loader has no dataset to read in order") as e:
+            Laplace._whole(iter([]), what)
+        assert "\n" not in str(e.value)
 
 
 def test_missing_laplace_torch_is_one_line_and_exit_2_naming_the_extra(tmp_path):

@@ -970,16 +970,24 @@ def test_a_paper_page_states_the_verdict_rule_only_where_there_are_numbers_to_ap
     out = tmp_path / "out"
     for s in range(3):
         _fake_run(out, "cifar10/resnet20_frn/bsam", s, 0.60 + s / 100, 1.1, ece=0.02)
-    lost = compare.build(spec.load_row("bsam_t1"), "paper", out)   # results/paper/bsam_t1.yaml: numbers lost
-    line = next(x for x in compare_markdown.to_markdown(lost).splitlines() if x.startswith("**Progress"))
-    assert "(the paper's numbers are lost: no verdicts)**." in line and "±2σ" not in line
     printed = compare.build(spec.load_row("fsam_t1"), "paper", out)  # printed numbers: the rule is stated
     line = next(x for x in compare_markdown.to_markdown(printed).splitlines() if x.startswith("**Progress"))
     assert line.endswith("outside if any metric is outside the paper's ±2σ).")
-    for s in range(3):  # our own row (provenance: ours): no paper, so neither a lost paper nor its spread is named
+    for s in range(5):
+        _fake_run(out, "mnist/hwa", s, 0.98, 0.05)
+    for s in range(3):
         _fake_run(out, "mnist/mlp/sgd/none", s, 0.98, 0.05)
-    own = compare_markdown.to_markdown(compare.build(spec.load_row("posterior_flatness_grid"), "paper", out))
-    line = next(x for x in own.splitlines() if x.startswith("**Progress"))
-    assert line == "**Progress: 1/80 cells done (our own row: no paper numbers, so no per-cell verdicts)**.", line
-    scale = next(x for x in own.splitlines() if x.startswith("**Scale"))
-    assert scale == f"**Scale: paper.** {compare_markdown.OWN_ROW_BANNER}" and "paper's spread" not in own
+    # no numbers, each for its own reason (compare.no_numbers): lost from our copy (bsam_t1), a figure that prints none
+    # (hwa_fig1), our own row with no paper (posterior_flatness_grid) -- the page names it, and no paper spread
+    for row, kind, progress in (("bsam_t1", "lost", "1/14 cells done (the paper's numbers are lost: no verdicts)"),
+                                ("hwa_fig1", "figure", "1/6 cells done (a figure: the paper prints no numbers, so no "
+                                                       "per-cell verdicts)"),
+                                ("posterior_flatness_grid", "ours", "1/80 cells done (our own row: no paper numbers, so "
+                                                                    "no per-cell verdicts)")):
+        c = compare.build(spec.load_row(row), "paper", out)
+        assert compare.no_numbers(c) == kind, row
+        lines = compare_markdown.to_markdown(c).splitlines()
+        assert next(x for x in lines if x.startswith("**Progress")) == f"**Progress: {progress}**.", row
+        assert next(x for x in lines if x.startswith("**Scale")) == \
+            f"**Scale: paper.** {compare_markdown.NO_NUMBERS_BANNER[kind]}", row
+        assert not any("paper's spread" in x or "±2σ" in x for x in lines), row

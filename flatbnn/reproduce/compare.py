@@ -425,7 +425,7 @@ def paper_progress(c: dict) -> dict:
     """A paper-scale comparison's progress, per paper cell (all its metrics): ``cells`` (the paper cells of this
     scale), ``done`` (every seed in), ``within`` / ``outside`` (a verdict: outside if any metric is outside the
     paper's spread), ``no_spread`` (done, but the paper prints no spread to judge by). A table whose numbers are
-    lost counts our cells (``done``) and has no verdicts."""
+    lost, a figure's or our own row's counts our cells (``done``) and has no verdicts (``no_numbers`` says why)."""
     by_cell: dict[str, list[dict]] = {}
     for r in c.get("table") or []:
         if r.get("state") != NOT_AT_SCALE and not str(r.get("state", "")).startswith("blocked"):
@@ -435,8 +435,17 @@ def paper_progress(c: dict) -> dict:
     return {"cells": len(by_cell), "done": len(done),
             "within": sum(1 for v in verdicts.values() if v and "outside" not in v),
             "outside": sum(1 for v in verdicts.values() if "outside" in v),
-            "no_spread": sum(1 for v in verdicts.values() if not v), "numbers_lost": bool(c.get("ours_only")),
-            "own_row": c.get("provenance") == "ours", "exact": bool(c.get("exact"))}
+            "no_spread": sum(1 for v in verdicts.values() if not v), "no_numbers": no_numbers(c), "exact": bool(c.get("exact"))}
+
+
+def no_numbers(c: dict) -> str | None:
+    """Why a comparison has no paper numbers to judge its cells by: ``ours`` (our own row, no paper), ``figure`` (the
+    paper shows a figure and prints no numbers), ``lost`` (lost from our copy of the paper); None where it has them."""
+    if not c.get("ours_only"):
+        return None
+    if c.get("provenance") == "ours":
+        return "ours"
+    return "figure" if c.get("available", True) and c.get("figure") else "lost"
 
 
 def finished_runs(comparison: dict) -> int:

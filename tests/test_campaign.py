@@ -163,6 +163,29 @@ def test_a_run_record_is_a_measured_rate_and_an_unmatched_config_is_assumed(tmp_
     assert ("nvidia-h200", cost.work_key(cfg), "") not in rates      # a CPU record says nothing about a GPU
 
 
+def test_a_deep_ensemble_record_prices_its_cell_at_its_own_wall_time(tmp_path, monkeypatch):
+    """A deep ensemble's record counts every member's epochs in its budget (engine/results.py: trainer.epochs x
+    members); counting the members again priced the grid's 3-member cells at a third of what they took (the MNIST
+    deep_ens/none runs took ~7 min, the FashionMNIST cells were priced ~2 min)."""
+    run = tmp_path / "records" / "row" / "cpu" / "runs" / "ens" / "seed0"
+    run.mkdir(parents=True)
+    cfg = compose_cfg(["method=deep_ens", "method.num_members=3", "flatness=none", "trainer.epochs=4",
+                       "dataset=mnist", "dataset.train_subset=1000", "dataset.test_subset=300", "model=mlp"])
+    (run / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (run / "results.json").write_text(json.dumps({"meta": {
+        "budget": {"train_size": 1000, "epochs": 12}, "train_seconds": 60.0,   # 3 members x 4 epochs in 60 s
+        "hardware": {"device": "cpu", "cpu_count": 2}}}))
+    monkeypatch.setattr(cost, "RECORDS_ROOT", tmp_path / "records")
+    monkeypatch.setattr(cost, "BENCH_DIR", tmp_path / "no_bench")
+    cost._measured_rates.cache_clear()
+    try:
+        est = cost.estimate(cfg, "cpu")
+    finally:
+        cost._measured_rates.cache_clear()
+    assert est.rate.measured and est.rate.images_per_s == pytest.approx(200.0)   # 12,000 images / 60 s
+    assert est.seconds == pytest.approx(60.0 + 300 * 3 / 3.0 / 200.0)            # training + the 3-member evaluation
+
+
 def test_a_benchmark_supersedes_the_runs_that_finished_before_it_and_later_runs_join_it(tmp_path):
     """VOGN's MNIST MLP cells were priced at 7.8 h from runs of the 607 ms step after the step fell to 88 ms: a run
     measured before the newest benchmark of its step (same device) measured older code and must not price today's."""

@@ -324,8 +324,8 @@ def _measured_rates(bench_dir: Path, records_root: Path) -> dict[tuple, list[Rat
         # would price today's cells at yesterday's code; runs after it join its median
         if key in newest and str(meta.get("finished_at") or "") < newest[key][0]:
             continue
-        members = int((cfg.get("method") or {}).get("num_members") or 1)
-        images = float(b["train_size"]) * float(b["epochs"]) * members
+        # the budget's epochs are every member's (engine/results.py: trainer.epochs x a deep ensemble's members)
+        images = float(b["train_size"]) * float(b["epochs"])
         where = res.parent.relative_to(records_root) if res.is_relative_to(records_root) else res.parent
         rates.setdefault(key, []).append(Rate(images / secs, f"measured: {_cores(hw)}cpu run {where}"
                                          if hw.get("device") != "cuda" else f"measured: run {where}", True))

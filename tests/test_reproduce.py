@@ -979,7 +979,8 @@ def test_a_paper_page_states_the_verdict_rule_only_where_there_are_numbers_to_ap
         _fake_run(out, "mnist/mlp/sgd/none", s, 0.98, 0.05)
     # no numbers, each for its own reason (compare.no_numbers): lost from our copy (bsam_t1), a figure that prints none
     # (hwa_fig1), our own row with no paper (posterior_flatness_grid) -- the page names it, and no paper spread
-    for row, kind, progress in (("bsam_t1", "lost", "1/14 cells done (the paper's numbers are lost: no verdicts)"),
+    for row, kind, progress in (("bsam_t1", "lost", "1/14 cells done (the paper's numbers are lost from our copy, so no "
+                                                   "per-cell verdicts)"),
                                 ("hwa_fig1", "figure", "1/6 cells done (a figure: the paper prints no numbers, so no "
                                                        "per-cell verdicts)"),
                                 ("posterior_flatness_grid", "ours", "1/80 cells done (our own row: no paper numbers, so "

@@ -425,7 +425,8 @@ def paper_progress(c: dict) -> dict:
     """A paper-scale comparison's progress, per paper cell (all its metrics): ``cells`` (the paper cells of this
     scale), ``done`` (every seed in), ``within`` / ``outside`` (a verdict: outside if any metric is outside the
     paper's spread), ``no_spread`` (done, but the paper prints no spread to judge by). A table whose numbers are
-    lost, a figure's or our own row's counts our cells (``done``) and has no verdicts (``no_numbers`` says why)."""
+    lost, a figure's or our own row's counts our cells (``done``) and has no per-cell verdicts (``no_numbers``
+    says why; its claims are judged)."""
     by_cell: dict[str, list[dict]] = {}
     for r in c.get("table") or []:
         if r.get("state") != NOT_AT_SCALE and not str(r.get("state", "")).startswith("blocked"):

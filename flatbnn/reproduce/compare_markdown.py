@@ -38,7 +38,7 @@ NO_NUMBERS_BANNER = {
 }
 NO_NUMBERS_PROGRESS = {"ours": "our own row: no paper numbers, so no per-cell verdicts",
                        "figure": "a figure: the paper prints no numbers, so no per-cell verdicts",
-                       "lost": "the paper's numbers are lost: no verdicts"}
+                       "lost": "the paper's numbers are lost from our copy, so no per-cell verdicts"}
 
 
 _CHANCE_NOTE = (f" A cell is at chance when every seed's test accuracy is within {CHANCE_SE:g} binomial standard errors "

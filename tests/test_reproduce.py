@@ -697,6 +697,13 @@ def test_a_pair_is_beyond_seed_noise_only_by_a_t_test_at_its_seed_count(tmp_path
     assert "Beyond seed noise" in md and "| 60.00 vs 60.50 | no |" in md
     judged = [x for x in c["direction"] if x["beyond_noise"]]
     assert f"{sum(x['beyond_noise'] == 'yes' for x in judged)} of {len(judged)} pairs" in md
+    # the page names the test its column used: the row's declared design (a train row: Welch), never another
+    line = next(x for x in md.splitlines() if x.startswith("Beyond seed noise"))
+    assert c["seed_test"] == "welch" and line.startswith("Beyond seed noise (Welch t-test") and "paired" not in line
+    eval_row = spec.load_row("bsam_t4")   # an eval row: its cells share one trained run per seed
+    assert eval_row.seed_test()[0] == "paired"
+    assert compare_markdown._noise_sentence(c["direction"], "paired").startswith(
+        "Beyond seed noise (paired t-test over the seeds both cells have")
 
 
 def test_seeds_option_runs_a_part_of_the_seeds_and_refuses_unknown_ones(tmp_path, monkeypatch):

@@ -262,7 +262,8 @@ def build(row: Row, scale: str, out: Path | None = None, archive_root: Path | No
         script = load_json(launch_file)
     return {"script": script, "exact": exact,
             "row": row.row, "paper": row.paper, "title": row.title, "scale": scale, "out": ours["out"],
-            "table": table, "ours_only": ours_only, "extra_table": extra, "direction": direction, "budget": _budget(row, scale, runs),
+            "table": table, "ours_only": ours_only, "extra_table": extra, "direction": direction,
+            "seed_test": row.seed_test()[0], "budget": _budget(row, scale, runs),
             "jobs": jobs, "claims": judge_claims(row, pd, table + extra, jobs) if scale != "smoke" else [],
             "failed": {f"{cid}/seed{s}": d for cid, c in ours["cells"].items() for s, (st, d) in c["states"].items()
                        if st == "failed"},

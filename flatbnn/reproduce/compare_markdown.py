@@ -45,13 +45,20 @@ _CHANCE_NOTE = (f" A cell is at chance when every seed's test accuracy is within
                 "of 1/classes: it learned nothing, so its pairs rank nothing.")
 
 
-def _noise_sentence(direction: list[dict]) -> str:
+# the test behind a page's "beyond seed noise" column: the row's declared design (Row.seed_test), as in its claims
+_NOISE_TESTS = {
+    "welch": "Welch t-test, the cells trained separately (their seeds are independent samples)",
+    "paired": "paired t-test over the seeds both cells have, the row's cells sharing one trained run per seed: se = "
+              "sd(per-seed differences)/sqrt(n) with n - 1 dof -- |difference| > 12.7 se at 2 seeds, 4.3 se at 3",
+}
+
+
+def _noise_sentence(direction: list[dict], seed_test: str | None) -> str:
     judged = [d for d in direction if d.get("beyond_noise")]
     n_sep = sum(d["beyond_noise"] == "yes" for d in judged)
-    return (f"Beyond seed noise (two-sided t-test at {NOISE_ALPHA:.0%}: paired over the seeds both cells have, "
-            f"se = sd(per-seed differences)/sqrt(n) with n - 1 dof -- |difference| > 12.7 se at 2 seeds, 4.3 se at 3; "
-            f"else Welch; needs 2+ seeds): {n_sep} of "
-            f"{len(judged)} pairs"
+    test = _NOISE_TESTS.get(seed_test, "the row's seed test (Row.seed_test)")  # a comparison written before it said
+    return (f"Beyond seed noise ({test}; two-sided at {NOISE_ALPHA:.0%}, each pair on its own -- a claim below adjusts "
+            f"for its family; needs 2+ seeds a side): {n_sep} of {len(judged)} pairs"
             + (f"; {len(direction) - len(judged)} not judged (fewer than 2 seeds, or a metric a cell has no value for)"
                if len(judged) < len(direction) else "") + ". A direction within seed noise is a coin flip at this budget, agree or not.")
 
@@ -173,7 +180,7 @@ def to_markdown(c: dict) -> str:
                   f"(pending: {len(c['direction']) - len(agree) - len(undecided)}"
                   + (f"; undecided, a tie on one side only: {ties}" if ties else "")
                   + (f"; undecided, a cell of ours at chance: {len(undecided) - ties}" if len(undecided) > ties else "")
-                  + ")." + (_CHANCE_NOTE if len(undecided) > ties else ""), "", _noise_sentence(c["direction"]), "",
+                  + ")." + (_CHANCE_NOTE if len(undecided) > ties else ""), "", _noise_sentence(c["direction"], c.get("seed_test")), "",
                   "| method | vs | metric | paper | ours | agree | ours beyond seed noise? |",
                   "|---|---|---|---|---|---|---|"]
         for d in c["direction"]:
@@ -363,7 +370,7 @@ def _ours_only_markdown(c: dict) -> list[str]:
         lines += ["", "## Pairs within our runs (no paper numbers to agree with)", ""]
         if any(d.get("undecided") for d in c["direction"]):
             lines += ["Pairs marked 'at chance' rank nothing." + _CHANCE_NOTE, ""]
-        lines += [_noise_sentence(c["direction"]), "",
+        lines += [_noise_sentence(c["direction"], c.get("seed_test")), "",
                   "| method | vs | metric | ours better? | ours | beyond seed noise? |", "|---|---|---|---|---|---|"]
         for d in c["direction"]:
             better = (d["ours_better"] or "–") + (f" ({d['undecided']})" if d.get("undecided") else "")

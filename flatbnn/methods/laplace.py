@@ -153,8 +153,8 @@ class Laplace(Method):
 
         dataset = getattr(loader, "dataset", None)
         if dataset is None:
-            raise ValueError(f"method=laplace: the {what} loader has no dataset to read in order (the Laplace fit and the "
-                             f"prior's grid search each need the whole set)")
+            raise ValueError(f"method=laplace: the {what} loader has no dataset to read in order (the Laplace fit "
+                             f"and the prior's grid search each need the whole set)")
         return DataLoader(dataset, batch_size=getattr(loader, "batch_size", None) or 256, shuffle=False)
 
     def fit_loader(self):

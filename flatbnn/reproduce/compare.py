@@ -437,7 +437,8 @@ def paper_progress(c: dict) -> dict:
     return {"cells": len(by_cell), "done": len(done),
             "within": sum(1 for v in verdicts.values() if v and "outside" not in v),
             "outside": sum(1 for v in verdicts.values() if "outside" in v),
-            "no_spread": sum(1 for v in verdicts.values() if not v), "no_numbers": no_numbers(c), "exact": bool(c.get("exact"))}
+            "no_spread": sum(1 for v in verdicts.values() if not v), "no_numbers": no_numbers(c),
+            "exact": bool(c.get("exact"))}
 
 
 def no_numbers(c: dict) -> str | None:
